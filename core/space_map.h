@@ -1,0 +1,67 @@
+// SpaceMap: which data blocks are in use.
+//
+// The commit protocol (core/transaction.h) drives it:
+//   - Allocate() marks a block used at once (in memory, and in the mmapped
+//     bitmap that the kernel may write back at any time: over-reporting is
+//     allowed after a crash, under-reporting never is).
+//   - Free() only *queues* a block. It stays allocated until the commit
+//     that made the metadata change releasing it is durable.
+//   - TakePendingFrees() is called by the committer while no metadata change
+//     can be in flight; it returns the queued frees that belong to this
+//     commit. Sync() then makes the allocation state durable (msync) before
+//     the metadata commit, and Release() returns the blocks after it.
+//
+// Full is an outcome, not a failure: Allocate() returns kNoSpace.
+//
+// Thread safety: all methods may be called concurrently.
+
+#ifndef THINFS_CORE_SPACE_MAP_H_
+#define THINFS_CORE_SPACE_MAP_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "core/status.h"
+#include "core/types.h"
+
+namespace thinfs {
+
+class SpaceMap {
+ public:
+  virtual ~SpaceMap() = default;
+
+  // Finds a free block, marks it used and returns it. Returns kNoSpace when
+  // every block is used or pending free.
+  virtual Result<PoolBlock> Allocate() = 0;
+
+  // Queues `block` to be freed by the next commit.
+  // REQUIRES: block is allocated and not already queued.
+  virtual void Free(PoolBlock block) = 0;
+
+  // Returns (and forgets) the blocks queued by Free() so far.
+  virtual std::vector<PoolBlock> TakePendingFrees() = 0;
+
+  // Returns `blocks` to the allocator. Called after the metadata commit that
+  // released them is durable.
+  virtual void Release(const std::vector<PoolBlock>& blocks) = 0;
+
+  // Makes the allocation state durable (msync of the bitmap, header with the
+  // given generation). Returns kIOError on failure.
+  virtual Status Sync(uint64_t generation) = 0;
+
+  // Marks `block` used without allocating through the search (used by
+  // check --repair and recovery when rebuilding from the block map).
+  virtual void MarkUsed(PoolBlock block) = 0;
+
+  // Clears every bit (before a rebuild from the block map).
+  virtual void ClearAllForRebuild() = 0;
+
+  virtual bool IsAllocated(PoolBlock block) const = 0;
+  virtual uint64_t total_blocks() const = 0;
+  // Blocks neither allocated nor pending free.
+  virtual uint64_t free_blocks() const = 0;
+};
+
+}  // namespace thinfs
+
+#endif  // THINFS_CORE_SPACE_MAP_H_

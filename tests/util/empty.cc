@@ -1,0 +1,1 @@
+// Keeps the test-util library non-empty.
