@@ -139,8 +139,7 @@ class ScopedFd {
 Status ExtendFile(int fd, uint64_t len, const std::string& path) {
   struct stat st;
   if (::fstat(fd, &st) != 0) return Status::FromErrno(errno, "stat bitmap " + path);
-  if (static_cast<uint64_t>(st.st_size) < len &&
-      ::ftruncate(fd, static_cast<off_t>(len)) != 0) {
+  if (static_cast<uint64_t>(st.st_size) < len && ::ftruncate(fd, static_cast<off_t>(len)) != 0) {
     return Status::FromErrno(errno, "extend bitmap " + path);
   }
   int err = ::posix_fallocate(fd, 0, static_cast<off_t>(len));
@@ -212,9 +211,8 @@ Result<std::unique_ptr<BitmapSpaceMap>> BitmapSpaceMap::Create(const std::string
   if (Status s = ExtendFile(fd.get(), len, path); !s.ok()) return fail(s);
   void* base = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED) return fail(Status::FromErrno(errno, "mmap bitmap " + path));
-  std::unique_ptr<BitmapSpaceMap> map(new BitmapSpaceMap(path, fd.release(), false, block_size,
-                                                         static_cast<std::byte*>(base), len,
-                                                         blocks, 0, true));
+  std::unique_ptr<BitmapSpaceMap> map(new BitmapSpaceMap(
+      path, fd.release(), false, block_size, static_cast<std::byte*>(base), len, blocks, 0, true));
   {
     MutexLock l(&map->mu_);
     map->WriteHeader(true, blocks);
@@ -243,16 +241,15 @@ Result<std::unique_ptr<BitmapSpaceMap>> BitmapSpaceMap::Open(const std::string& 
   if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "stat bitmap " + path);
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size < kBitmapHeaderSize) {
-    return Status::Corruption(Mismatch("file truncated", "at least 4096 bytes",
-                                       std::to_string(size) + " bytes") +
-                              " in " + path);
+    return Status::Corruption(
+        Mismatch("file truncated", "at least 4096 bytes", std::to_string(size) + " bytes") +
+        " in " + path);
   }
 
   std::array<std::byte, kBitmapHeaderSize> page;
   size_t done = 0;
   while (done < page.size()) {
-    ssize_t n = ::pread(fd.get(), page.data() + done, page.size() - done,
-                        static_cast<off_t>(done));
+    ssize_t n = ::pread(fd.get(), page.data() + done, page.size() - done, static_cast<off_t>(done));
     if (n < 0) {
       if (errno == EINTR) continue;
       return Status::FromErrno(errno, "read bitmap header " + path);
@@ -265,8 +262,8 @@ Result<std::unique_ptr<BitmapSpaceMap>> BitmapSpaceMap::Open(const std::string& 
   // Magic first, so that a foreign file is named as such; then the header
   // checksum, so that every other field is trusted only once it matches.
   if (h.magic != kBitmapMagic) {
-    return Status::Corruption(Mismatch("magic mismatch", Hex(kBitmapMagic), Hex(h.magic)) +
-                              " in " + path);
+    return Status::Corruption(Mismatch("magic mismatch", Hex(kBitmapMagic), Hex(h.magic)) + " in " +
+                              path);
   }
   const uint64_t header_sum = HeaderChecksum(page.data());
   if (header_sum != h.header_checksum) {
@@ -312,16 +309,15 @@ Result<std::unique_ptr<BitmapSpaceMap>> BitmapSpaceMap::Open(const std::string& 
   const int prot = read_only ? PROT_READ : PROT_READ | PROT_WRITE;
   void* base = ::mmap(nullptr, len, prot, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED) return Status::FromErrno(errno, "mmap bitmap " + path);
-  std::unique_ptr<BitmapSpaceMap> map(new BitmapSpaceMap(
-      path, fd.release(), read_only, h.block_size, static_cast<std::byte*>(base), len,
-      h.nr_blocks, h.generation, h.clean == 1));
+  std::unique_ptr<BitmapSpaceMap> map(
+      new BitmapSpaceMap(path, fd.release(), read_only, h.block_size, static_cast<std::byte*>(base),
+                         len, h.nr_blocks, h.generation, h.clean == 1));
   if (h.clean == 1) {
     MutexLock l(&map->mu_);
     const uint64_t body_sum = map->BodyChecksum(map->nr_blocks_);
     if (body_sum != h.body_checksum) {
       return Status::Corruption(
-          Mismatch("body checksum mismatch", Hex(h.body_checksum), Hex(body_sum)) + " in " +
-          path);
+          Mismatch("body checksum mismatch", Hex(h.body_checksum), Hex(body_sum)) + " in " + path);
     }
   }
   return map;

@@ -56,8 +56,7 @@ class BitmapSpaceMap final : public SpaceMap {
   // kInvalidArgument on geometry mismatch; kIOError.
   static Result<std::unique_ptr<BitmapSpaceMap>> Open(const std::string& path,
                                                       uint64_t expected_blocks,
-                                                      uint64_t expected_block_size,
-                                                      bool read_only);
+                                                      uint64_t expected_block_size, bool read_only);
 
   // Unmaps without writing anything: dropping the object is what a crash
   // looks like to the file (minus pages the kernel has not written back).
