@@ -71,6 +71,10 @@ struct DeviceRecord {
   bool has_parent = false;
   VolumeId parent;         // valid when has_parent
   Epoch parent_epoch = 0;  // reads fall through to parent at this epoch
+  // Blocks at or beyond this never fall through to the parent (they read
+  // zeros unless the device has its own version): how shrinking and
+  // partial clones hide the parent's tail in O(1).
+  uint64_t parent_limit = UINT64_MAX;
   uint32_t flags = 0;
   uint32_t mode = 0100644;
   uint32_t uid = 0;

@@ -103,6 +103,16 @@ struct VolumeState {
   // and the pool's devices_mu_).
   std::shared_ptr<VolumeState> parent;
   Epoch parent_epoch = 0;
+  // Blocks >= parent_limit do not fall through to the parent.
+  std::atomic<uint64_t> parent_limit{UINT64_MAX};
+  // Bumped by every change of content; a partial whole-device clone is
+  // extended in O(1) only while neither side changed.
+  std::atomic<uint64_t> write_gen{0};
+  // The partial clone this device is (see Pool::ShareRange).
+  const VolumeState* clone_src = nullptr;  // guarded by io_mu
+  uint64_t clone_src_gen = 0;
+  uint64_t clone_dst_gen = 0;
+  uint64_t clone_dst_end = 0;  // bytes cloned so far, from offset 0
 
   // Atomics: read on the I/O path without the pool's device lock.
   std::atomic<Epoch> epoch;          // changed under io_mu exclusive
@@ -134,6 +144,7 @@ struct VolumeState {
     r.has_parent = parent != nullptr;
     r.parent = parent ? parent->id : VolumeId();
     r.parent_epoch = parent_epoch;
+    r.parent_limit = parent_limit.load();
     return r;
   }
 };
@@ -304,10 +315,16 @@ struct Pool::Impl {
     while (st != nullptr) {
       THINFS_ASSIGN_OR_RETURN(std::optional<Version> v, FindOwn(st->id, b, e));
       if (v) return Resolved{true, st->id, v->epoch, v->value};
+      if (b >= st->parent_limit.load()) break;
       e = st->parent_epoch;
       st = st->parent.get();
     }
     return Resolved{};
+  }
+  // What vol would read at b without its own versions.
+  Result<Resolved> ResolveParent(const VolumeState& vol, uint64_t b) {
+    if (b >= vol.parent_limit.load()) return Resolved{};
+    return ResolveFrom(vol.parent.get(), vol.parent_epoch, b);
   }
 
   // ---- Refcounts ----
@@ -441,7 +458,7 @@ struct Pool::Impl {
     if (own) {
       before = Resolved{true, vol.id, own->epoch, own->value};
     } else {
-      THINFS_ASSIGN_OR_RETURN(before, ResolveFrom(vol.parent.get(), vol.parent_epoch, b));
+      THINFS_ASSIGN_OR_RETURN(before, ResolveParent(vol, b));
     }
     if (!before.mapped()) return Status::Ok();
     n_discards.fetch_add(1, std::memory_order_relaxed);
@@ -455,7 +472,7 @@ struct Pool::Impl {
       if (older) {
         below = Resolved{true, vol.id, older->epoch, older->value};
       } else {
-        THINFS_ASSIGN_OR_RETURN(below, ResolveFrom(vol.parent.get(), vol.parent_epoch, b));
+        THINFS_ASSIGN_OR_RETURN(below, ResolveParent(vol, b));
       }
       std::optional<MapValue> value;
       if (below.mapped()) value = MapValue{PoolBlock(), MapValue::kTombstone};
@@ -493,7 +510,7 @@ struct Pool::Impl {
     if (own) {
       before = Resolved{true, vol.id, own->epoch, own->value};
     } else {
-      THINFS_ASSIGN_OR_RETURN(before, ResolveFrom(vol.parent.get(), vol.parent_epoch, b));
+      THINFS_ASSIGN_OR_RETURN(before, ResolveParent(vol, b));
     }
     if (zeros && (whole || !before.mapped())) {
       // Zeros over a block that reads as zeros change nothing; a whole
@@ -543,24 +560,26 @@ struct Pool::Impl {
   Result<std::optional<uint64_t>> NextCandidate(const VolumeState& vol, uint64_t b) {
     std::optional<uint64_t> best;
     auto it = store->NewMapIterator();
-    for (const VolumeState* st = &vol; st != nullptr; st = st->parent.get()) {
+    uint64_t limit = UINT64_MAX;  // blocks of this ancestor that are reachable
+    for (const VolumeState* st = &vol; st != nullptr && b < limit; st = st->parent.get()) {
       it->Seek(st->id, VolumeBlock(b));
       THINFS_RETURN_IF_ERROR(it->status());
       if (it->Valid() && it->entry().device == st->id) {
         uint64_t k = it->entry().vblock.value;
-        if (!best || k < *best) best = k;
+        if (k < limit && (!best || k < *best)) best = k;
       }
       if (overlay_keys.load() != 0) {
         for (Shard& s : shards) {
           MutexLock l(&s.mu);
           for (auto* m : {&s.active, &s.frozen}) {
             auto i = m->lower_bound(BlockKey{st->id.value, b});
-            if (i != m->end() && i->first.dev == st->id.value) {
+            if (i != m->end() && i->first.dev == st->id.value && i->first.vblock < limit) {
               if (!best || i->first.vblock < *best) best = i->first.vblock;
             }
           }
         }
       }
+      limit = std::min(limit, st->parent_limit.load());
     }
     return best;
   }
@@ -678,6 +697,7 @@ struct Pool::Impl {
   // Whether any live reader reaches through `c` to its parent at block b.
   // REQUIRES: devices_mu held (tree stable); reads versions from the store.
   Result<bool> ReachesParent(const VolumeState& c, uint64_t b) REQUIRES(devices_mu) {
+    if (b >= c.parent_limit.load()) return false;
     THINFS_ASSIGN_OR_RETURN(std::vector<Version> own, ListOwn(c.id, b));
     if (own.empty() && c.live()) return true;
     Epoch min_own = own.empty() ? std::numeric_limits<Epoch>::max() : own.back().epoch;
@@ -965,6 +985,32 @@ Status Pool::Impl::ResizeLocked(VolumeState& st, uint64_t new_size) {
     uint64_t keep = geometry.BlocksFor(new_size);
     uint64_t tail_end = std::min(old, geometry.BytesOf(keep));
     if (tail_end > new_size) THINFS_RETURN_IF_ERROR(DiscardRange(st, new_size, tail_end - new_size));
+    bool has_children;
+    {
+      MutexLock d(&devices_mu);
+      has_children = !st.children.empty();
+    }
+    // The limit is not versioned by epoch, so it may change only while no
+    // child reads through this device; with children, the parent's tail is
+    // hidden by tombstones instead (ForEachCandidate below).
+    if (st.parent && keep < st.parent_limit.load() && !has_children) {
+      // Hide the parent beyond the new end with the limit; only our own
+      // versions need unmapping below. Count what disappears from view.
+      int64_t hidden = 0;
+      THINFS_RETURN_IF_ERROR(
+          ForEachCandidate(st, keep, geometry.BlocksFor(old), [&](uint64_t b) -> Status {
+            THINFS_ASSIGN_OR_RETURN(std::optional<Version> own, FindOwn(st.id, b, st.epoch.load()));
+            if (own) return Status::Ok();
+            THINFS_ASSIGN_OR_RETURN(Resolved r, ResolveParent(st, b));
+            if (r.mapped()) ++hidden;
+            return Status::Ok();
+          }));
+      ReaderLock swap(&swap_mu);
+      st.mapped.fetch_sub(hidden);
+      MutexLock d(&devices_mu);
+      st.parent_limit.store(keep);
+      ScheduleChainGc(st.parent.get());
+    }
     THINFS_RETURN_IF_ERROR(
         ForEachCandidate(st, keep, geometry.BlocksFor(old), [&](uint64_t b) {
           WriterLock stripe(&Stripe(st.id, b));
@@ -972,6 +1018,7 @@ Status Pool::Impl::ResizeLocked(VolumeState& st, uint64_t new_size) {
         }));
   }
   st.size.store(new_size);
+  st.write_gen.fetch_add(1);
   int64_t now = NowNs();
   st.mtime_ns.store(now);
   st.ctime_ns.store(now);
@@ -1047,6 +1094,7 @@ Status Volume::Write(uint64_t offset, std::span<const std::byte> buf) {
     return Status::InvalidArgument("write past the end of the device");
   }
   p.n_writes.fetch_add(1, std::memory_order_relaxed);
+  st.write_gen.fetch_add(1, std::memory_order_relaxed);
   size_t done = 0;
   while (done < buf.size()) {
     uint64_t pos = offset + done;
@@ -1072,6 +1120,7 @@ Status Volume::Discard(uint64_t offset, uint64_t length) {
   uint64_t size = st.size.load();
   if (offset >= size || length == 0) return Status::Ok();
   length = std::min(length, size - offset);
+  st.write_gen.fetch_add(1, std::memory_order_relaxed);
   return p.DiscardRange(st, offset, length);
 }
 
@@ -1087,6 +1136,7 @@ Status Volume::Provision(uint64_t offset, uint64_t length) {
   uint64_t last = p.geometry.BlocksFor(offset + length);
   const uint64_t bs = p.geometry.block_size();
   std::vector<std::byte> zeros(bs);
+  st.write_gen.fetch_add(1, std::memory_order_relaxed);
   for (uint64_t b = first; b < last; ++b) {
     WriterLock stripe(&p.Stripe(st.id, b));
     Epoch e = st.epoch.load();
@@ -1095,7 +1145,7 @@ Status Volume::Provision(uint64_t offset, uint64_t length) {
     if (own) {
       before = Resolved{true, st.id, own->epoch, own->value};
     } else {
-      THINFS_ASSIGN_OR_RETURN(before, p.ResolveFrom(st.parent.get(), st.parent_epoch, b));
+      THINFS_ASSIGN_OR_RETURN(before, p.ResolveParent(st, b));
     }
     if (before.mapped()) continue;
     THINFS_ASSIGN_OR_RETURN(PoolBlock pb, p.AllocateBlock());
@@ -1201,6 +1251,7 @@ Result<std::unique_ptr<Pool>> Pool::Open(std::unique_ptr<BlockDevice> data,
         }
         st->parent = it->second;
         st->parent_epoch = r.parent_epoch;
+        st->parent_limit.store(r.parent_limit);
         if (r.parent_epoch >= it->second->epoch.load()) {
           return Status::Corruption("device " + std::to_string(r.id.value) +
                                     " reads its parent at a future epoch");
@@ -1625,35 +1676,92 @@ Status Pool::ShareRange(VolumeId src_id, uint64_t src_offset, VolumeId dst_id,
   if (length == 0) return Status::Ok();
   const Geometry& g = p.geometry;
 
-  // Whole device onto an empty device: an O(1) snapshot.
-  if (src != dst && src_offset == 0 && dst_offset == 0 && length >= src->size.load() &&
-      dst->size.load() == src->size.load()) {
+  // A copy from offset 0 onto an empty device, and each call continuing
+  // it, is O(1) in the data: dst becomes a snapshot of src whose
+  // parent_limit covers the whole blocks copied so far, and only partial
+  // edge blocks are copied. (The kernel splits one copy_file_range into
+  // calls of under 2 GiB, so `cp` of a large volume arrives in pieces.)
+  if (src != dst && src_offset == dst_offset) {
     WriterLock io1(src->id < dst->id ? &src->io_mu : &dst->io_mu);
     WriterLock io2(src->id < dst->id ? &dst->io_mu : &src->io_mu);
-    bool empty = false;
+    const uint64_t ssize = src->size.load();
+    const uint64_t dsize = dst->size.load();
+    uint64_t len = src_offset < ssize ? std::min(length, ssize - src_offset) : 0;
+    bool usable = len > 0 && dst_offset + len <= dsize;
+    bool dst_has_children;
     {
       MutexLock d(&p.devices_mu);
-      empty = dst->children.empty() && dst->parent == nullptr && dst->mapped.load() == 0;
+      dst_has_children = !dst->children.empty();
     }
-    if (empty) {
-      auto next = p.NextCandidate(*dst, 0);
-      if (!next.ok()) return next.status();
-      empty = !next->has_value();
-    }
-    if (empty) {
+    // The limit may change only while no child reads through dst.
+    usable = usable && !dst_has_children;
+    bool extend = usable && dst->clone_src == src.get() && dst->parent == src &&
+                  src->write_gen.load() == dst->clone_src_gen &&
+                  dst->write_gen.load() == dst->clone_dst_gen &&
+                  src_offset == dst->clone_dst_end;
+    bool fresh = false;
+    if (usable && !extend && src_offset == 0 && len >= g.block_size()) {
       {
+        MutexLock d(&p.devices_mu);
+        fresh = dst->parent == nullptr && dst->mapped.load() == 0;
+      }
+      if (fresh) {
+        THINFS_ASSIGN_OR_RETURN(std::optional<uint64_t> next, p.NextCandidate(*dst, 0));
+        fresh = !next.has_value();
+      }
+    }
+    if (fresh || extend) {
+      if (fresh) {
         ReaderLock swap(&p.swap_mu);
         MutexLock d(&p.devices_mu);
         Epoch e = src->epoch.load();
+        if (e == std::numeric_limits<Epoch>::max()) return Status::NoSpace("snapshot epochs used up");
         dst->parent = src;
         dst->parent_epoch = e;
-        dst->mapped.store(src->mapped.load());
-        dst->dirty.store(true);
+        dst->parent_limit.store(0);
         src->epoch.store(e + 1);
         src->dirty.store(true);
         src->children.push_back(dst.get());
+        dst->clone_src = src.get();
+        dst->clone_dst_end = 0;
       }
-      return p.Commit();
+      const uint64_t bs = g.block_size();
+      std::vector<std::byte> buf;
+      auto copy_bytes = [&](uint64_t off, uint64_t n) -> Status {
+        while (n > 0) {
+          uint64_t b = g.BlockOf(off), o = g.OffsetInBlock(off);
+          uint64_t chunk = std::min(n, bs - o);
+          buf.resize(chunk);
+          THINFS_RETURN_IF_ERROR(p.ReadBlock(*src, b, o, buf));
+          THINFS_RETURN_IF_ERROR(p.WriteBlock(*dst, b, o, buf));
+          off += chunk;
+          n -= chunk;
+        }
+        return Status::Ok();
+      };
+      uint64_t off = src_offset, end = src_offset + len;
+      uint64_t head_end = std::min(end, g.BytesOf(g.BlocksFor(off)));
+      THINFS_RETURN_IF_ERROR(copy_bytes(off, head_end - off));
+      uint64_t whole_end = std::max(head_end, g.BytesOf(g.BlockOf(end)));
+      {
+        ReaderLock swap(&p.swap_mu);
+        MutexLock d(&p.devices_mu);
+        uint64_t limit = g.BlockOf(whole_end);
+        if (limit > dst->parent_limit.load()) dst->parent_limit.store(limit);
+        // mapped_blocks: exact once the whole device is covered, else an
+        // upper bound until then.
+        dst->mapped.store(std::min<int64_t>(src->mapped.load(), static_cast<int64_t>(limit)));
+        dst->dirty.store(true);
+      }
+      THINFS_RETURN_IF_ERROR(copy_bytes(whole_end, end - whole_end));
+      dst->write_gen.fetch_add(1);
+      dst->clone_dst_end = end;
+      dst->clone_src_gen = src->write_gen.load();
+      dst->clone_dst_gen = dst->write_gen.load();
+      int64_t now = NowNs();
+      dst->mtime_ns.store(now);
+      dst->ctime_ns.store(now);
+      return fresh ? p.Commit() : Status::Ok();
     }
   }
 
@@ -1712,7 +1820,7 @@ Status Pool::ShareRange(VolumeId src_id, uint64_t src_offset, VolumeId dst_id,
         if (own) {
           before = Resolved{true, dst->id, own->epoch, own->value};
         } else {
-          THINFS_ASSIGN_OR_RETURN(before, p.ResolveFrom(dst->parent.get(), dst->parent_epoch, db));
+          THINFS_ASSIGN_OR_RETURN(before, p.ResolveParent(*dst, db));
         }
         {
           ReaderLock swap(&p.swap_mu);
@@ -1734,6 +1842,7 @@ Status Pool::ShareRange(VolumeId src_id, uint64_t src_offset, VolumeId dst_id,
     n -= bs;
   }
   THINFS_RETURN_IF_ERROR(copy_bytes(s, d, n));
+  dst->write_gen.fetch_add(1);
   int64_t now = NowNs();
   dst->mtime_ns.store(now);
   dst->ctime_ns.store(now);

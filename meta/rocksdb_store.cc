@@ -204,6 +204,7 @@ Result<std::string> EncodeDevice(const DeviceRecord& d) {
   v.ctime_ns.Set(d.ctime_ns);
   v.atime_ns.Set(d.atime_ns);
   v.mapped_blocks.Set(d.mapped_blocks);
+  v.parent_limit.Set(d.parent_limit);
   std::string out(reinterpret_cast<const char*>(&v), sizeof v);
   out += d.name;
   dbformat::Le64 sum;
@@ -261,6 +262,7 @@ Result<DeviceRecord> DecodeDevice(const rocksdb::Slice& key, const rocksdb::Slic
   d.ctime_ns = v.ctime_ns.Get();
   d.atime_ns = v.atime_ns.Get();
   d.mapped_blocks = v.mapped_blocks.Get();
+  d.parent_limit = v.parent_limit.Get();
   return d;
 }
 

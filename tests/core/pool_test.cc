@@ -413,6 +413,61 @@ TEST(PoolTest, WholeDeviceCopyOntoEmptyDeviceIsASnapshot) {
   EXPECT_EQ(f.pool->GetDevice("b")->parent_name, "a");
 }
 
+// The kernel hands a large copy_file_range over in pieces that are not
+// block aligned; a copy from offset 0 onto an empty device stays a clone.
+TEST(PoolTest, ChunkedCopyFromZeroIsAClone) {
+  EngineFixture f(kBs, 256);
+  ASSERT_TRUE(f.pool->CreateDevice("a", 64 * kBs).ok());
+  ASSERT_TRUE(f.pool->CreateDevice("b", 64 * kBs).ok());
+  auto a = Open(*f.pool, "a");
+  ASSERT_OK(a->Write(0, Pattern(64 * kBs, 1)));
+  ASSERT_OK(f.pool->Commit());
+  uint64_t used = f.pool->Stats().used_blocks;
+  auto b = Open(*f.pool, "b");
+  const uint64_t chunk = 13 * kBs + 100;
+  uint64_t copies = 0;
+  for (uint64_t off = 0; off < 64 * kBs; off += chunk) {
+    ASSERT_OK(f.pool->ShareRange(a->id(), off, b->id(), off, std::min(chunk, 64 * kBs - off)));
+    ++copies;
+  }
+  EXPECT_EQ(f.ReadAll("b"), f.ReadAll("a"));
+  ASSERT_OK(f.pool->Commit());
+  // Only the partial edge blocks were copied.
+  EXPECT_LE(f.pool->Stats().used_blocks, used + copies);
+  EXPECT_EQ(f.pool->GetDevice("b")->parent_name, "a");
+  EXPECT_EQ(f.pool->GetDevice("b")->mapped_blocks, 64u);
+  // Writes to either side stay on that side; the clone outlives the source.
+  ASSERT_OK(b->Write(5, Pattern(10, 2)));
+  EXPECT_EQ(std::memcmp(f.ReadAll("a").data() + 5, Pattern(64 * kBs, 1).data() + 5, 10), 0);
+  a.reset();
+  ASSERT_OK(f.pool->DeleteDevice("a"));
+  ASSERT_OK(f.pool->RunGcForTesting());
+  auto all = f.ReadAll("b");
+  auto want = Pattern(64 * kBs, 1);
+  std::memcpy(want.data() + 5, Pattern(10, 2).data(), 10);
+  EXPECT_EQ(all, want);
+  f.CheckConsistency(true);
+}
+
+// A source written between the pieces of a copy is copied as it is at each
+// piece: the O(1) continuation is refused and the generic path takes over.
+TEST(PoolTest, ChunkedCopyWithSourceChangingInBetween) {
+  EngineFixture f(kBs, 256);
+  ASSERT_TRUE(f.pool->CreateDevice("a", 32 * kBs).ok());
+  ASSERT_TRUE(f.pool->CreateDevice("b", 32 * kBs).ok());
+  auto a = Open(*f.pool, "a");
+  auto want = Pattern(32 * kBs, 1);
+  ASSERT_OK(a->Write(0, want));
+  auto b = Open(*f.pool, "b");
+  ASSERT_OK(f.pool->ShareRange(a->id(), 0, b->id(), 0, 10 * kBs + 7));
+  ASSERT_OK(a->Write(20 * kBs, Pattern(kBs, 5)));
+  std::memcpy(want.data() + 20 * kBs, Pattern(kBs, 5).data(), kBs);
+  ASSERT_OK(f.pool->ShareRange(a->id(), 10 * kBs + 7, b->id(), 10 * kBs + 7, 22 * kBs - 7));
+  EXPECT_EQ(f.ReadAll("b"), want);
+  ASSERT_OK(f.pool->RunGcForTesting());
+  f.CheckConsistency(true);
+}
+
 TEST(PoolTest, ConcurrentWritersProvisionABlockOnce) {
   EngineFixture f(kBs, 64);
   ASSERT_TRUE(f.pool->CreateDevice("v", 4 * kBs).ok());
