@@ -1,0 +1,247 @@
+// Pool and Volume: the thin-provisioning engine.
+//
+// A Pool owns the data area (BlockDevice), the allocator (SpaceMap) and the
+// persistent metadata (MetadataStore), and maps every thin device onto the
+// data area with dm-thin's versioned-mapping idea (DESIGN.md):
+//
+//   - each device has an epoch; a snapshot S of D takes parent (D, D.epoch)
+//     and bumps D.epoch, so creating it writes two records whatever D's size;
+//   - the block map holds versions (device, vblock, epoch) -> MapValue; a
+//     read takes the newest own version, else asks the parent at the parent
+//     epoch, and so on up the chain;
+//   - a write to a block whose newest version is of the current epoch and
+//     not shared overwrites it in place; otherwise it provisions a new block
+//     (copy-on-write) stamped with the current epoch.
+//
+// Uncommitted metadata changes live in an in-memory overlay in front of the
+// store; Commit() (core/transaction.h describes the protocol) makes them
+// durable in one batch. Blocks released by a change return to the allocator
+// only after the commit that contains the change.
+//
+// Thread safety: every method may be called from any thread. Lock order
+// (outer first): Volume::io_mu_ -> stripe locks (by index) -> swap_mu_
+// (shared) -> overlay shard mutexes / refcount_mu_ -> devices_mu_ ->
+// allocator. commit_mu_ is outermost for Commit() and is never taken while
+// holding any of the others. No lock is held across a data-area sync.
+
+#ifndef THINFS_CORE_POOL_H_
+#define THINFS_CORE_POOL_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/block_device.h"
+#include "core/metadata.h"
+#include "core/space_map.h"
+#include "core/status.h"
+#include "core/types.h"
+
+namespace thinfs {
+
+struct PoolOptions {
+  // Periodic commit interval (dm-thin commits every second). Zero turns the
+  // periodic commit off: only Commit()/Flush() and management operations
+  // commit.
+  std::chrono::milliseconds commit_interval{1000};
+  // A whole-block write of zeros unmaps instead of provisioning.
+  bool zero_detection = true;
+  // Refuse every change with kReadOnly.
+  bool read_only = false;
+  // Run the garbage collector in a background thread. Tests turn it off and
+  // call RunGcForTesting() to control when it runs.
+  bool background_gc = true;
+  // How long a write that finds the pool full waits for space (grow or
+  // frees) before failing with kNoSpace. Zero fails at once (dm-thin's
+  // error_if_no_space).
+  std::chrono::milliseconds no_space_timeout{0};
+  // Use division instead of shift/mask even for power-of-two block sizes
+  // (benchmarks compare the two).
+  bool force_generic_geometry_for_testing = false;
+};
+
+// Ownership, permission and times of a device file.
+struct DeviceAttrs {
+  uint32_t mode = 0100644;
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+};
+
+struct DeviceInfo {
+  VolumeId id;
+  std::string name;
+  uint64_t size = 0;
+  Epoch epoch = 0;
+  bool has_parent = false;
+  VolumeId parent;
+  std::string parent_name;  // "" when the parent is hidden or absent
+  Epoch parent_epoch = 0;
+  uint64_t mapped_blocks = 0;  // blocks that read from the data area
+  uint32_t mode = 0100644;
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  int64_t created_ns = 0;
+  int64_t mtime_ns = 0;
+  int64_t ctime_ns = 0;
+  int64_t atime_ns = 0;
+};
+
+struct DeviceUsage {
+  uint64_t mapped_blocks = 0;     // visible, reading from the data area
+  uint64_t exclusive_blocks = 0;  // of those, seen by no other device
+  uint64_t shared_blocks = 0;     // of those, seen by another device too
+};
+
+struct PoolStats {
+  uint64_t block_size = 0;
+  uint64_t data_blocks = 0;
+  uint64_t free_blocks = 0;
+  uint64_t used_blocks = 0;
+  uint64_t devices = 0;
+  uint64_t transaction_id = 0;
+  // Counters since open.
+  uint64_t reads = 0;
+  uint64_t writes = 0;
+  uint64_t provisions = 0;
+  uint64_t cow_copies = 0;
+  uint64_t discards = 0;
+  uint64_t commits = 0;
+  uint64_t gc_backlog = 0;  // devices and candidate blocks waiting for GC
+  bool read_only = false;
+};
+
+class Pool;
+struct VolumeState;
+
+// An open thin device. Obtained from Pool::OpenVolume; stays usable after
+// the device is unlinked (DetachName) until the last handle goes.
+//
+// Contract in syscall terms: Read behaves like pread(2) (short at the end of
+// the device), Write like pwrite(2) of all bytes inside the device, Discard
+// like fallocate(PUNCH_HOLE) (reads return zeros after it), Flush like
+// fdatasync(2) (everything written before is durable).
+class Volume {
+ public:
+  ~Volume();
+  Volume(const Volume&) = delete;
+  Volume& operator=(const Volume&) = delete;
+
+  VolumeId id() const;
+
+  // Returns the bytes read; 0 at or past the end.
+  Result<size_t> Read(uint64_t offset, std::span<std::byte> buf);
+  // REQUIRES: offset + buf.size() <= size(). Returns kInvalidArgument past
+  // the end, kNoSpace when a block cannot be provisioned, kReadOnly.
+  Status Write(uint64_t offset, std::span<const std::byte> buf);
+  // Unmaps whole blocks in the range and zeroes the partial edges.
+  Status Discard(uint64_t offset, uint64_t length);
+  // Provisions every unmapped block in the range (fallocate mode 0).
+  Status Provision(uint64_t offset, uint64_t length);
+  // Commits the pool.
+  Status Flush();
+  uint64_t size() const;
+
+  // The first offset >= `offset` that is (SeekData) or is not (SeekHole)
+  // backed by a mapped block. kNotFound (ENXIO) when there is none
+  // before the end; SeekHole at the end returns size().
+  Result<uint64_t> SeekData(uint64_t offset);
+  Result<uint64_t> SeekHole(uint64_t offset);
+
+ private:
+  friend class Pool;
+  Volume(Pool* pool, std::shared_ptr<VolumeState> state);
+  Pool* const pool_;
+  const std::shared_ptr<VolumeState> state_;
+};
+
+class Pool {
+ public:
+  // Builds the engine over opened components and starts the background
+  // threads. If the space map was not cleanly closed, rebuilds it from the
+  // block map (recovery). Deletes orphans left by an unclean shutdown.
+  // Returns kCorruption if the metadata is inconsistent.
+  static Result<std::unique_ptr<Pool>> Open(std::unique_ptr<BlockDevice> data,
+                                            std::unique_ptr<SpaceMap> space,
+                                            std::unique_ptr<MetadataStore> store,
+                                            const PoolOptions& options);
+  ~Pool();
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+
+  // Final commit and stop of background work. The pool is unusable after.
+  Status Close();
+
+  // --- Devices -------------------------------------------------------------
+  // Names: 1-128 characters of [A-Za-z0-9._+-], not starting with '.'.
+  static Status ValidateName(const std::string& name);
+
+  // Creates an empty thin device of `size` bytes. kExists, kInvalidArgument,
+  // kNameTooLong, kReadOnly.
+  Result<VolumeId> CreateDevice(const std::string& name, uint64_t size,
+                                const DeviceAttrs& attrs = {});
+  // Creates a writable snapshot `name` of `origin` in O(1). Everything
+  // written to `origin` before the call is in the snapshot, nothing after.
+  Result<VolumeId> CreateSnapshot(const std::string& origin, const std::string& name);
+  // Deletes a device; its blocks return to the pool in the background.
+  Status DeleteDevice(const std::string& name);
+  // Removes the name but keeps the device alive for open Volumes; the
+  // device is deleted by DeleteDetached(), or at the next Open.
+  Status DetachName(const std::string& name);
+  Status DeleteDetached(VolumeId id);
+  // Grows or shrinks; shrinking unmaps what lies beyond the new size.
+  Status ResizeDevice(const std::string& name, uint64_t new_size);
+  Status ResizeDevice(VolumeId id, uint64_t new_size);
+  // Renames `from` to `to`. With `replace`, an existing `to` is deleted
+  // first (rename(2) semantics); without, kExists.
+  Status RenameDevice(const std::string& from, const std::string& to, bool replace = false);
+  // Updates mode/uid/gid and times (nullopt leaves a field unchanged).
+  Status SetAttrs(VolumeId id, std::optional<uint32_t> mode, std::optional<uint32_t> uid,
+                  std::optional<uint32_t> gid, std::optional<int64_t> atime_ns,
+                  std::optional<int64_t> mtime_ns);
+
+  Result<DeviceInfo> GetDevice(const std::string& name) const;
+  Result<DeviceInfo> GetDevice(VolumeId id) const;
+  // Visible devices in name order.
+  std::vector<DeviceInfo> ListDevices() const;
+  // Walks the device's mappings (O(mapped blocks)).
+  Result<DeviceUsage> ComputeUsage(VolumeId id);
+
+  Result<std::shared_ptr<Volume>> OpenVolume(VolumeId id);
+  Result<std::shared_ptr<Volume>> OpenVolume(const std::string& name);
+
+  // Shares `length` bytes of `src` at `src_offset` into `dst` at
+  // `dst_offset` (copy_file_range): whole aligned blocks by reference,
+  // edges by copy. When the whole of src is copied onto an empty dst of the
+  // same size, dst becomes an O(1) snapshot of src.
+  Status ShareRange(VolumeId src, uint64_t src_offset, VolumeId dst, uint64_t dst_offset,
+                    uint64_t length);
+
+  // --- Pool ------------------------------------------------------------------
+  // Makes every completed change durable (see core/transaction.h).
+  Status Commit();
+  PoolStats Stats() const;
+  const Geometry& geometry() const;
+  MetadataStore* store();
+  SpaceMap* space_map();
+
+  // Runs the collector until nothing is left to collect, then commits.
+  Status RunGcForTesting();
+  // Stops background threads and drops every uncommitted change without
+  // committing, as if the process died. The pool is unusable after.
+  void AbandonForTesting();
+
+ private:
+  friend class Volume;
+  struct Impl;
+  explicit Pool(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace thinfs
+
+#endif  // THINFS_CORE_POOL_H_
