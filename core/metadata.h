@@ -59,6 +59,9 @@ struct DeviceRecord {
     // Some versions may have become unreachable (a child went away, the
     // device was hidden): the collector scans the device.
     kGcPending = 1u << 2,
+    // Unlinked while open: no name, still usable by open handles; deleted
+    // at the last close or, after a crash, at the next open.
+    kDetached = 1u << 3,
   };
 
   VolumeId id;
@@ -76,6 +79,7 @@ struct DeviceRecord {
   int64_t mtime_ns = 0;
   int64_t ctime_ns = 0;
   int64_t atime_ns = 0;
+  uint64_t mapped_blocks = 0;  // visible blocks backed by the data area
 
   bool operator==(const DeviceRecord&) const = default;
 };

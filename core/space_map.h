@@ -56,6 +56,14 @@ class SpaceMap {
   // Clears every bit (before a rebuild from the block map).
   virtual void ClearAllForRebuild() = 0;
 
+  // Whether the state was closed cleanly (MarkClean) before this open. When
+  // not, the engine rebuilds the map from the block map.
+  virtual bool was_clean() const = 0;
+  // Records durably that the map is in use (and may lag the block map).
+  virtual Status MarkDirty() = 0;
+  // Records durably a clean close at `generation`.
+  virtual Status MarkClean(uint64_t generation) = 0;
+
   virtual bool IsAllocated(PoolBlock block) const = 0;
   virtual uint64_t total_blocks() const = 0;
   // Blocks neither allocated nor pending free.
