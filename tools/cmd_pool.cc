@@ -128,9 +128,12 @@ int RunStatus(const std::vector<std::string>& args) {
   if (!files.ok()) return cl.Fail(kExitFailure, files.status().message());
   Result<std::vector<DeviceRecord>> devices = files->store->LoadDevices();
   if (!devices.ok()) return cl.Fail(kExitFailure, "device table: " + devices.status().message());
+  // Hidden, deleting and detached devices have no name in the mount.
+  constexpr uint32_t kInvisible =
+      DeviceRecord::kHidden | DeviceRecord::kDeleting | DeviceRecord::kDetached;
   uint64_t visible = 0;
   for (const DeviceRecord& d : *devices) {
-    if ((d.flags & (DeviceRecord::kHidden | DeviceRecord::kDeleting)) == 0) ++visible;
+    if ((d.flags & kInvisible) == 0) ++visible;
   }
 
   const Superblock& sb = files->superblock;
