@@ -101,14 +101,15 @@ class SCOPED_CAPABILITY ReaderLock {
 class CondVar {
  public:
   explicit CondVar(Mutex* mu) : mu_(mu) {}
-  void Wait() REQUIRES(mu_) NO_THREAD_SAFETY_ANALYSIS {
+  // REQUIRES: the mutex is held (not expressible to the analysis).
+  void Wait() NO_THREAD_SAFETY_ANALYSIS {
     std::unique_lock<std::mutex> lk(mu_->native(), std::adopt_lock);
     cv_.wait(lk);
     lk.release();
   }
   // Returns false on timeout.
   template <typename Duration>
-  bool WaitFor(Duration d) REQUIRES(mu_) NO_THREAD_SAFETY_ANALYSIS {
+  bool WaitFor(Duration d) NO_THREAD_SAFETY_ANALYSIS {
     std::unique_lock<std::mutex> lk(mu_->native(), std::adopt_lock);
     bool signalled = cv_.wait_for(lk, d) == std::cv_status::no_timeout;
     lk.release();

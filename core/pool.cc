@@ -1,0 +1,1753 @@
+#include "core/pool.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <ctime>
+#include <map>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+#include "core/check.h"
+#include "core/mutex.h"
+#include "core/transaction.h"
+
+namespace thinfs {
+
+namespace {
+
+int64_t NowNs() {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+bool IsAllZero(std::span<const std::byte> buf) {
+  const std::byte* p = buf.data();
+  size_t n = buf.size();
+  // Word at a time; block buffers are large and usually aligned.
+  while (n >= sizeof(uint64_t)) {
+    uint64_t w;
+    std::memcpy(&w, p, sizeof w);
+    if (w != 0) return false;
+    p += sizeof w;
+    n -= sizeof w;
+  }
+  while (n > 0) {
+    if (*p != std::byte{0}) return false;
+    ++p;
+    --n;
+  }
+  return true;
+}
+
+struct BlockKey {
+  uint64_t dev = 0;
+  uint64_t vblock = 0;
+  auto operator<=>(const BlockKey&) const = default;
+};
+
+// Uncommitted edits of one (device, vblock): epoch -> value, or nullopt for
+// "this version is deleted". Newest epoch first, epochs unique.
+using Edits = std::vector<std::pair<Epoch, std::optional<MapValue>>>;
+
+void SetEditIn(Edits* edits, Epoch epoch, std::optional<MapValue> value) {
+  for (auto& e : *edits) {
+    if (e.first == epoch) {
+      e.second = value;
+      return;
+    }
+  }
+  edits->emplace_back(epoch, value);
+  std::sort(edits->begin(), edits->end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
+}
+
+constexpr size_t kOverlayShards = 64;
+constexpr size_t kStripes = 4096;
+
+size_t HashKey(uint64_t dev, uint64_t vblock) {
+  uint64_t h = dev * 0x9E3779B97F4A7C15ULL ^ (vblock + 0x632BE59BD9B4E019ULL);
+  h ^= h >> 29;
+  h *= 0xBF58476D1CE4E5B9ULL;
+  h ^= h >> 32;
+  return static_cast<size_t>(h);
+}
+
+// What a (device, block) resolves to after walking the parent chain.
+struct Resolved {
+  bool found = false;     // some version (possibly a tombstone) answers
+  VolumeId owner;         // device owning the answering version
+  Epoch epoch = 0;
+  MapValue value;
+  bool mapped() const { return found && !value.tombstone(); }
+};
+
+}  // namespace
+
+// In-memory state of one device.
+struct VolumeState {
+  explicit VolumeState(const DeviceRecord& r)
+      : id(r.id), epoch(r.epoch), size(r.size), mapped(static_cast<int64_t>(r.mapped_blocks)),
+        mtime_ns(r.mtime_ns), ctime_ns(r.ctime_ns), atime_ns(r.atime_ns), rec(r) {}
+
+  const VolumeId id;
+
+  // Held shared by I/O, exclusively by operations that change the device's
+  // epoch, parent or size or remove it (snapshot, resize, delete). Ordered
+  // before the stripe locks.
+  SharedMutex io_mu;
+
+  // Constant while io_mu is held (changed only with io_mu held exclusively
+  // and the pool's devices_mu_).
+  std::shared_ptr<VolumeState> parent;
+  Epoch parent_epoch = 0;
+
+  // Atomics: read on the I/O path without the pool's device lock.
+  std::atomic<Epoch> epoch;          // changed under io_mu exclusive
+  std::atomic<uint64_t> size;        // changed under io_mu exclusive
+  std::atomic<int64_t> mapped;       // changed under swap_mu_ shared
+  std::atomic<bool> dirty{false};    // record must be written at next commit
+  std::atomic<bool> gone{false};     // deleted: I/O fails with kNotFound
+  std::atomic<int64_t> mtime_ns;
+  std::atomic<int64_t> ctime_ns;
+  std::atomic<int64_t> atime_ns;
+
+  // Guarded by Pool::Impl::devices_mu_.
+  DeviceRecord rec;
+  std::vector<VolumeState*> children;
+
+  bool live() const {
+    return (rec.flags & (DeviceRecord::kHidden | DeviceRecord::kDeleting)) == 0;
+  }
+
+  // Builds the record to persist. Caller holds devices_mu_.
+  DeviceRecord Snapshot() const {
+    DeviceRecord r = rec;
+    r.epoch = epoch.load();
+    r.size = size.load();
+    r.mapped_blocks = static_cast<uint64_t>(std::max<int64_t>(0, mapped.load()));
+    r.mtime_ns = mtime_ns.load();
+    r.ctime_ns = ctime_ns.load();
+    r.atime_ns = atime_ns.load();
+    r.has_parent = parent != nullptr;
+    r.parent = parent ? parent->id : VolumeId();
+    r.parent_epoch = parent_epoch;
+    return r;
+  }
+};
+
+struct Pool::Impl {
+  Impl(std::unique_ptr<BlockDevice> d, std::unique_ptr<SpaceMap> s,
+       std::unique_ptr<MetadataStore> m, const PoolOptions& o)
+      : data(std::move(d)),
+        space(std::move(s)),
+        store(std::move(m)),
+        options(o),
+        geometry(data->geometry().block_size(), data->geometry().data_blocks(),
+                 o.force_generic_geometry_for_testing) {}
+
+  // ---- Constant after construction ----
+  std::unique_ptr<BlockDevice> data;
+  std::unique_ptr<SpaceMap> space;
+  std::unique_ptr<MetadataStore> store;
+  const PoolOptions options;
+  const Geometry geometry;
+
+  // ---- Commit ----
+  // Serialises commits. Outermost lock.
+  Mutex commit_mu;
+  // Held shared by every metadata change (overlay edit + frees + counters),
+  // exclusively for the commit's cut.
+  SharedMutex swap_mu;
+  Superblock superblock;  // guarded by commit_mu
+  std::atomic<uint64_t> transaction_id{0};
+  std::atomic<bool> data_dirty{false};  // a data write since the last sync
+  std::atomic<bool> failed{false};      // sticky: commit or I/O failed
+  std::string failure;                  // guarded by commit_mu
+
+  // ---- Overlay of uncommitted block-map and refcount edits ----
+  struct Shard {
+    Mutex mu;
+    std::map<BlockKey, Edits> active GUARDED_BY(mu);
+    std::map<BlockKey, Edits> frozen GUARDED_BY(mu);
+  };
+  std::array<Shard, kOverlayShards> shards;
+  std::atomic<int64_t> overlay_keys{0};  // active + frozen keys; 0 skips lookups
+
+  Mutex refcount_mu;  // after swap_mu, shard mutexes
+  std::unordered_map<uint64_t, uint32_t> refcount_active GUARDED_BY(refcount_mu);
+  std::unordered_map<uint64_t, uint32_t> refcount_frozen GUARDED_BY(refcount_mu);
+
+  // ---- Per-block locks (dm-thin's bio prison, striped) ----
+  std::array<SharedMutex, kStripes> stripes;
+
+  // ---- Devices ----
+  mutable Mutex devices_mu;
+  std::map<uint64_t, std::shared_ptr<VolumeState>> devices GUARDED_BY(devices_mu);
+  std::map<std::string, uint64_t> names GUARDED_BY(devices_mu);
+  std::vector<VolumeId> deleted_records GUARDED_BY(devices_mu);  // to delete at commit
+  uint64_t next_device_id GUARDED_BY(devices_mu) = 1;
+
+  // ---- Garbage collection ----
+  Mutex gc_mu;
+  CondVar gc_cv{&gc_mu};
+  std::set<BlockKey> gc_candidates GUARDED_BY(gc_mu);
+  std::set<uint64_t> gc_devices GUARDED_BY(gc_mu);
+  bool gc_stop GUARDED_BY(gc_mu) = false;
+  // Serialises collector passes (background thread vs RunGcForTesting).
+  Mutex gc_run_mu;
+
+  // ---- Periodic commit ----
+  Mutex timer_mu;
+  CondVar timer_cv{&timer_mu};
+  bool timer_stop GUARDED_BY(timer_mu) = false;
+
+  // Space waiters (no_space_timeout).
+  Mutex space_mu;
+  CondVar space_cv{&space_mu};
+
+  std::thread commit_thread;
+  std::thread gc_thread;
+  bool closed = false;
+
+  // ---- Counters (relaxed; statistics only) ----
+  std::atomic<uint64_t> n_reads{0}, n_writes{0}, n_provisions{0}, n_cow{0}, n_discards{0},
+      n_commits{0};
+
+  // ------------------------------------------------------------------------
+  SharedMutex& Stripe(VolumeId dev, uint64_t b) {
+    return stripes[HashKey(dev.value, b) % kStripes];
+  }
+  Shard& ShardOf(uint64_t dev, uint64_t b) { return shards[HashKey(dev, b) % kOverlayShards]; }
+
+  Status CheckWritable() const {
+    if (options.read_only) return Status::ReadOnly("pool is mounted read-only");
+    if (failed.load()) return Status::ReadOnly("pool stopped writing after an error; run thinfs check");
+    return Status::Ok();
+  }
+
+  // Overlay edits of (dev, b), active overriding frozen.
+  Edits OverlayEdits(uint64_t dev, uint64_t b) {
+    Edits out;
+    if (overlay_keys.load(std::memory_order_acquire) == 0) return out;
+    Shard& s = ShardOf(dev, b);
+    MutexLock l(&s.mu);
+    auto fit = s.frozen.find({dev, b});
+    if (fit != s.frozen.end()) out = fit->second;
+    auto ait = s.active.find({dev, b});
+    if (ait != s.active.end()) {
+      for (const auto& e : ait->second) SetEditIn(&out, e.first, e.second);
+    }
+    return out;
+  }
+
+  // REQUIRES: swap_mu held shared.
+  void SetEdit(VolumeId dev, uint64_t b, Epoch epoch, std::optional<MapValue> value) {
+    Shard& s = ShardOf(dev.value, b);
+    MutexLock l(&s.mu);
+    auto [it, inserted] = s.active.try_emplace(BlockKey{dev.value, b});
+    if (inserted) overlay_keys.fetch_add(1, std::memory_order_release);
+    SetEditIn(&it->second, epoch, value);
+  }
+
+  // Newest own version of (dev, b) with epoch <= max_epoch.
+  Result<std::optional<Version>> FindOwn(VolumeId dev, uint64_t b, Epoch max_epoch) {
+    Edits edits = OverlayEdits(dev.value, b);
+    std::optional<Version> best;
+    for (const auto& e : edits) {
+      if (e.first <= max_epoch && e.second) {
+        best = Version{e.first, *e.second};
+        break;
+      }
+    }
+    // The store's newest version not overridden by the overlay.
+    Epoch bound = max_epoch;
+    while (true) {
+      if (best && bound < best->epoch) break;
+      THINFS_ASSIGN_OR_RETURN(std::optional<Version> v,
+                              store->FindVersion(dev, VolumeBlock(b), bound));
+      if (!v) break;
+      bool overridden = std::any_of(edits.begin(), edits.end(),
+                                    [&](const auto& e) { return e.first == v->epoch; });
+      if (!overridden) {
+        if (!best || v->epoch > best->epoch) best = v;
+        break;
+      }
+      if (v->epoch == 0) break;
+      bound = v->epoch - 1;
+    }
+    return best;
+  }
+
+  // Every own version of (dev, b), newest first.
+  Result<std::vector<Version>> ListOwn(VolumeId dev, uint64_t b) {
+    Edits edits = OverlayEdits(dev.value, b);
+    THINFS_ASSIGN_OR_RETURN(std::vector<Version> stored, store->ListVersions(dev, VolumeBlock(b)));
+    std::map<Epoch, std::optional<MapValue>, std::greater<>> merged;
+    for (const auto& v : stored) merged[v.epoch] = v.value;
+    for (const auto& e : edits) merged[e.first] = e.second;
+    std::vector<Version> out;
+    for (const auto& [ep, val] : merged) {
+      if (val) out.push_back(Version{ep, *val});
+    }
+    return out;
+  }
+
+  // Walks the chain from `vol` at its current epoch.
+  // REQUIRES: vol.io_mu held (parent pointers stable).
+  Result<Resolved> Resolve(const VolumeState& vol, uint64_t b) {
+    return ResolveFrom(&vol, vol.epoch.load(), b);
+  }
+  Result<Resolved> ResolveFrom(const VolumeState* st, Epoch e, uint64_t b) {
+    while (st != nullptr) {
+      THINFS_ASSIGN_OR_RETURN(std::optional<Version> v, FindOwn(st->id, b, e));
+      if (v) return Resolved{true, st->id, v->epoch, v->value};
+      e = st->parent_epoch;
+      st = st->parent.get();
+    }
+    return Resolved{};
+  }
+
+  // ---- Refcounts ----
+  // REQUIRES: refcount_mu held. Absent means 1 (or 0 when unreferenced).
+  Result<uint32_t> RefcountLocked(PoolBlock p) REQUIRES(refcount_mu) {
+    auto it = refcount_active.find(p.value);
+    if (it != refcount_active.end()) return it->second;
+    it = refcount_frozen.find(p.value);
+    if (it != refcount_frozen.end()) return it->second;
+    THINFS_ASSIGN_OR_RETURN(uint32_t n, store->GetRefcount(p));
+    return n;
+  }
+
+  Result<uint32_t> Refcount(PoolBlock p) {
+    MutexLock l(&refcount_mu);
+    return RefcountLocked(p);
+  }
+
+  // Drops one reference to `p`: decrements a shared block's count, or
+  // queues the block to be freed by the next commit.
+  // REQUIRES: swap_mu held shared.
+  Status ReleaseBlock(PoolBlock p) {
+    MutexLock l(&refcount_mu);
+    THINFS_ASSIGN_OR_RETURN(uint32_t rc, RefcountLocked(p));
+    if (rc >= 2) {
+      refcount_active[p.value] = rc - 1;
+    } else {
+      space->Free(p);
+    }
+    return Status::Ok();
+  }
+
+  // REQUIRES: swap_mu held shared.
+  Status AddReference(PoolBlock p) {
+    MutexLock l(&refcount_mu);
+    THINFS_ASSIGN_OR_RETURN(uint32_t rc, RefcountLocked(p));
+    refcount_active[p.value] = std::max<uint32_t>(rc, 1) + 1;
+    return Status::Ok();
+  }
+
+  // Whether a child of `vol` reads `vol` at an epoch in [from, to).
+  bool ChildInRange(const VolumeState& vol, Epoch from, Epoch to) {
+    MutexLock l(&devices_mu);
+    for (const VolumeState* c : vol.children) {
+      if (c->parent_epoch >= from && c->parent_epoch < to) return true;
+    }
+    return false;
+  }
+
+  void AddGcCandidate(VolumeId dev, uint64_t b) {
+    MutexLock l(&gc_mu);
+    gc_candidates.insert({dev.value, b});
+  }
+  void ScheduleGc(uint64_t dev) {
+    MutexLock l(&gc_mu);
+    gc_devices.insert(dev);
+    gc_cv.Signal();
+  }
+
+  // ---- Allocation ----
+  Result<PoolBlock> AllocateBlock() {
+    Result<PoolBlock> p = space->Allocate();
+    if (p.ok() || !p.status().IsNoSpace()) return p;
+    // Blocks freed but waiting for a commit would satisfy us: commit now.
+    Status s = Commit();
+    if (!s.ok()) return s;
+    p = space->Allocate();
+    if (p.ok() || !p.status().IsNoSpace() || options.no_space_timeout.count() == 0) {
+      if (!p.ok() && p.status().IsNoSpace()) {
+        return Status::NoSpace("pool is full (" + std::to_string(geometry.data_blocks()) +
+                               " blocks in use)");
+      }
+      return p;
+    }
+    auto deadline = std::chrono::steady_clock::now() + options.no_space_timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      {
+        MutexLock l(&space_mu);
+        space_cv.WaitFor(std::chrono::milliseconds(100));
+      }
+      p = space->Allocate();
+      if (p.ok() || !p.status().IsNoSpace()) return p;
+    }
+    return Status::NoSpace("pool is full and no space appeared within the timeout");
+  }
+
+  // ---- Block operations (hold vol.io_mu shared and the block's stripe) ----
+
+  // After replacing or shadowing `own` (a version of vol at b older than the
+  // current epoch), frees it when no child can see it.
+  // REQUIRES: swap_mu held shared.
+  Status DropSuperseded(VolumeState& vol, uint64_t b, const Version& own, Epoch current) {
+    if (ChildInRange(vol, own.epoch, current)) return Status::Ok();
+    SetEdit(vol.id, b, own.epoch, std::nullopt);
+    if (!own.value.tombstone()) return ReleaseBlock(own.value.block);
+    return Status::Ok();
+  }
+
+  // Installs `value` as vol's version of b at the current epoch, releasing
+  // what it replaces. `was_mapped`: b read from the data area before.
+  // REQUIRES: the stripe of (vol, b) held exclusively.
+  Status InstallVersion(VolumeState& vol, uint64_t b, Epoch e, const std::optional<Version>& own,
+                        const Resolved& before, std::optional<MapValue> value) {
+    ReaderLock swap(&swap_mu);
+    SetEdit(vol.id, b, e, value);
+    if (own && own->epoch == e) {
+      if (!own->value.tombstone()) THINFS_RETURN_IF_ERROR(ReleaseBlock(own->value.block));
+    } else if (own) {
+      THINFS_RETURN_IF_ERROR(DropSuperseded(vol, b, *own, e));
+    } else if (before.found) {
+      // An ancestor's version may have lost its last reader.
+      AddGcCandidate(before.owner, b);
+    }
+    bool now_mapped = value && !value->tombstone();
+    if (now_mapped != before.mapped()) vol.mapped.fetch_add(now_mapped ? 1 : -1);
+    vol.dirty.store(true);
+    return Status::Ok();
+  }
+
+  // Makes block b of vol read as zeros.
+  // REQUIRES: the stripe of (vol, b) held exclusively.
+  Status DiscardBlockLocked(VolumeState& vol, uint64_t b) {
+    Epoch e = vol.epoch.load();
+    THINFS_ASSIGN_OR_RETURN(std::optional<Version> own, FindOwn(vol.id, b, e));
+    Resolved before;
+    if (own) {
+      before = Resolved{true, vol.id, own->epoch, own->value};
+    } else {
+      THINFS_ASSIGN_OR_RETURN(before, ResolveFrom(vol.parent.get(), vol.parent_epoch, b));
+    }
+    if (!before.mapped()) return Status::Ok();
+    n_discards.fetch_add(1, std::memory_order_relaxed);
+    if (own && own->epoch == e) {
+      // Would something older show through once the version is gone?
+      Resolved below;
+      std::optional<Version> older;
+      if (e > 0) {
+        THINFS_ASSIGN_OR_RETURN(older, FindOwn(vol.id, b, e - 1));
+      }
+      if (older) {
+        below = Resolved{true, vol.id, older->epoch, older->value};
+      } else {
+        THINFS_ASSIGN_OR_RETURN(below, ResolveFrom(vol.parent.get(), vol.parent_epoch, b));
+      }
+      std::optional<MapValue> value;
+      if (below.mapped()) value = MapValue{PoolBlock(), MapValue::kTombstone};
+      ReaderLock swap(&swap_mu);
+      SetEdit(vol.id, b, e, value);
+      THINFS_RETURN_IF_ERROR(ReleaseBlock(own->value.block));
+      vol.mapped.fetch_sub(1);
+      vol.dirty.store(true);
+      return Status::Ok();
+    }
+    return InstallVersion(vol, b, e, own, before, MapValue{PoolBlock(), MapValue::kTombstone});
+  }
+
+  // Writes `buf` at `off` inside block b of vol.
+  Status WriteBlock(VolumeState& vol, uint64_t b, uint64_t off, std::span<const std::byte> buf) {
+    const uint64_t bs = geometry.block_size();
+    const bool whole = off == 0 && buf.size() == bs;
+    WriterLock stripe(&Stripe(vol.id, b));
+    Epoch e = vol.epoch.load();
+    THINFS_ASSIGN_OR_RETURN(std::optional<Version> own, FindOwn(vol.id, b, e));
+    const bool zeros = options.zero_detection && IsAllZero(buf);
+    if (own && own->epoch == e && !own->value.tombstone()) {
+      bool exclusive = true;
+      if (own->value.flags & MapValue::kMaybeShared) {
+        THINFS_ASSIGN_OR_RETURN(uint32_t rc, Refcount(own->value.block));
+        exclusive = rc <= 1;
+      }
+      if (exclusive) {
+        if (zeros && whole) return DiscardBlockLocked(vol, b);
+        data_dirty.store(true, std::memory_order_relaxed);
+        return data->Write(own->value.block, off, buf);
+      }
+    }
+    Resolved before;
+    if (own) {
+      before = Resolved{true, vol.id, own->epoch, own->value};
+    } else {
+      THINFS_ASSIGN_OR_RETURN(before, ResolveFrom(vol.parent.get(), vol.parent_epoch, b));
+    }
+    if (zeros && (whole || !before.mapped())) {
+      // Zeros over a block that reads as zeros change nothing; a whole
+      // block of zeros unmaps.
+      if (whole) return DiscardBlockLocked(vol, b);
+      return Status::Ok();
+    }
+    THINFS_ASSIGN_OR_RETURN(PoolBlock p, AllocateBlock());
+    n_provisions.fetch_add(1, std::memory_order_relaxed);
+    Status s;
+    if (whole) {
+      // dm-thin's overwrite optimisation: never read what is overwritten.
+      s = data->Write(p, 0, buf);
+    } else {
+      std::vector<std::byte> block(bs);
+      if (before.mapped()) {
+        n_cow.fetch_add(1, std::memory_order_relaxed);
+        s = data->Read(before.value.block, 0, block);
+      }
+      if (s.ok()) {
+        std::memcpy(block.data() + off, buf.data(), buf.size());
+        s = data->Write(p, 0, block);
+      }
+    }
+    if (!s.ok()) {
+      ReaderLock swap(&swap_mu);
+      space->Free(p);
+      return s;
+    }
+    data_dirty.store(true, std::memory_order_relaxed);
+    return InstallVersion(vol, b, e, own, before, MapValue{p, 0});
+  }
+
+  Status ReadBlock(VolumeState& vol, uint64_t b, uint64_t off, std::span<std::byte> buf) {
+    ReaderLock stripe(&Stripe(vol.id, b));
+    THINFS_ASSIGN_OR_RETURN(Resolved r, Resolve(vol, b));
+    if (!r.mapped()) {
+      std::memset(buf.data(), 0, buf.size());
+      return Status::Ok();
+    }
+    return data->Read(r.value.block, off, buf);
+  }
+
+  // Next block >= b that has a version in vol's chain (a candidate for
+  // being mapped), or nullopt.
+  // REQUIRES: vol.io_mu held.
+  Result<std::optional<uint64_t>> NextCandidate(const VolumeState& vol, uint64_t b) {
+    std::optional<uint64_t> best;
+    auto it = store->NewMapIterator();
+    for (const VolumeState* st = &vol; st != nullptr; st = st->parent.get()) {
+      it->Seek(st->id, VolumeBlock(b));
+      THINFS_RETURN_IF_ERROR(it->status());
+      if (it->Valid() && it->entry().device == st->id) {
+        uint64_t k = it->entry().vblock.value;
+        if (!best || k < *best) best = k;
+      }
+      if (overlay_keys.load() != 0) {
+        for (Shard& s : shards) {
+          MutexLock l(&s.mu);
+          for (auto* m : {&s.active, &s.frozen}) {
+            auto i = m->lower_bound(BlockKey{st->id.value, b});
+            if (i != m->end() && i->first.dev == st->id.value) {
+              if (!best || i->first.vblock < *best) best = i->first.vblock;
+            }
+          }
+        }
+      }
+    }
+    return best;
+  }
+
+  // Runs `fn(b)` for every block in [first, last) that has a version in the
+  // chain, in order.
+  template <typename Fn>
+  Status ForEachCandidate(const VolumeState& vol, uint64_t first, uint64_t last, Fn fn) {
+    uint64_t b = first;
+    while (b < last) {
+      THINFS_ASSIGN_OR_RETURN(std::optional<uint64_t> next, NextCandidate(vol, b));
+      if (!next || *next >= last) break;
+      THINFS_RETURN_IF_ERROR(fn(*next));
+      b = *next + 1;
+    }
+    return Status::Ok();
+  }
+
+  // ---- Commit ----
+  Status Commit() EXCLUDES(swap_mu) {
+    MutexLock c(&commit_mu);
+    if (options.read_only) return Status::Ok();
+    if (failed.load()) return Status::ReadOnly("pool stopped writing after an error: " + failure);
+    MetaBatch batch;
+    std::vector<PoolBlock> frees;
+    bool any_overlay = false;
+    {
+      WriterLock swap(&swap_mu);
+      for (Shard& s : shards) {
+        MutexLock l(&s.mu);
+        THINFS_CHECK(s.frozen.empty());
+        if (!s.active.empty()) {
+          any_overlay = true;
+          s.frozen.swap(s.active);
+        }
+      }
+      {
+        MutexLock l(&refcount_mu);
+        THINFS_CHECK(refcount_frozen.empty());
+        refcount_frozen.swap(refcount_active);
+        for (const auto& [p, n] : refcount_frozen) batch.refcounts.emplace_back(PoolBlock(p), n);
+      }
+      frees = space->TakePendingFrees();
+      {
+        MutexLock d(&devices_mu);
+        for (auto& [id, st] : devices) {
+          if (st->dirty.exchange(false)) batch.put_devices.push_back(st->Snapshot());
+        }
+        batch.delete_devices = std::move(deleted_records);
+        deleted_records.clear();
+        superblock.next_device_id = next_device_id;
+      }
+    }
+    const bool data_written = data_dirty.exchange(false);
+    if (!any_overlay && batch.empty() && frees.empty() && !data_written) return Status::Ok();
+
+    for (Shard& s : shards) {
+      MutexLock l(&s.mu);
+      for (const auto& [k, edits] : s.frozen) {
+        for (const auto& [ep, val] : edits) {
+          if (val) {
+            batch.put_mappings.push_back(MapEntry{VolumeId(k.dev), VolumeBlock(k.vblock), ep, *val});
+          } else {
+            batch.delete_mappings.push_back({VolumeId(k.dev), VolumeBlock(k.vblock), ep});
+          }
+        }
+      }
+    }
+    Status s = data->Sync();
+    if (s.ok()) s = space->Sync(superblock.transaction_id + 1);
+    if (s.ok()) {
+      superblock.transaction_id++;
+      batch.superblock = superblock;
+      s = store->Commit(batch, /*sync=*/true);
+      if (!s.ok()) superblock.transaction_id--;
+    }
+    if (!s.ok()) {
+      // Keep the frozen edits readable so that memory stays consistent, but
+      // stop changing anything: the on-disk state is the last commit.
+      failure = s.ToString();
+      failed.store(true);
+      return s;
+    }
+    transaction_id.store(superblock.transaction_id);
+    for (Shard& sh : shards) {
+      MutexLock l(&sh.mu);
+      overlay_keys.fetch_sub(static_cast<int64_t>(sh.frozen.size()));
+      sh.frozen.clear();
+    }
+    {
+      MutexLock l(&refcount_mu);
+      refcount_frozen.clear();
+    }
+    space->Release(frees);
+    if (!frees.empty()) space_cv.SignalAll();
+    n_commits.fetch_add(1, std::memory_order_relaxed);
+    return Status::Ok();
+  }
+
+  void CommitLoop() {
+    while (true) {
+      {
+        MutexLock l(&timer_mu);
+        if (timer_stop) return;
+        timer_cv.WaitFor(options.commit_interval);
+        if (timer_stop) return;
+      }
+      Status s = Commit();
+      (void)s;  // Failure is sticky and reported by the next writer.
+    }
+  }
+
+  // ---- Garbage collection ----
+
+  // Whether any live reader reaches through `c` to its parent at block b.
+  // REQUIRES: devices_mu held (tree stable); reads versions from the store.
+  Result<bool> ReachesParent(const VolumeState& c, uint64_t b) REQUIRES(devices_mu) {
+    THINFS_ASSIGN_OR_RETURN(std::vector<Version> own, ListOwn(c.id, b));
+    if (own.empty() && c.live()) return true;
+    Epoch min_own = own.empty() ? std::numeric_limits<Epoch>::max() : own.back().epoch;
+    for (const VolumeState* g : c.children) {
+      if (!own.empty() && g->parent_epoch >= min_own) continue;
+      THINFS_ASSIGN_OR_RETURN(bool r, ReachesParent(*g, b));
+      if (r) return true;
+    }
+    return false;
+  }
+
+  // Removes the versions of (vol, b) that no live device can see.
+  // Returns how many were removed.
+  Result<int> CollectBlock(VolumeState& vol, uint64_t b) {
+    WriterLock stripe(&Stripe(vol.id, b));
+    THINFS_ASSIGN_OR_RETURN(std::vector<Version> versions, ListOwn(vol.id, b));
+    std::vector<Version> garbage;
+    {
+      // The tree is read under devices_mu; the edits are made after it is
+      // released (swap_mu is ordered before devices_mu).
+      MutexLock d(&devices_mu);
+      const bool deleting = vol.rec.flags & DeviceRecord::kDeleting;
+      for (size_t i = 0; i < versions.size(); ++i) {
+        const Version& v = versions[i];
+        Epoch next = i == 0 ? std::numeric_limits<Epoch>::max() : versions[i - 1].epoch;
+        bool needed = false;
+        if (!deleting) {
+          if (i == 0 && vol.live() && !vol.gone.load()) {
+            needed = true;
+          } else {
+            for (const VolumeState* c : vol.children) {
+              if (c->parent_epoch < v.epoch || c->parent_epoch >= next) continue;
+              THINFS_ASSIGN_OR_RETURN(bool r, ReachesParent(*c, b));
+              if (r) {
+                needed = true;
+                break;
+              }
+            }
+          }
+        }
+        if (!needed) garbage.push_back(v);
+      }
+    }
+    if (garbage.empty()) return 0;
+    ReaderLock swap(&swap_mu);
+    for (const Version& v : garbage) {
+      SetEdit(vol.id, b, v.epoch, std::nullopt);
+      if (!v.value.tombstone()) THINFS_RETURN_IF_ERROR(ReleaseBlock(v.value.block));
+    }
+    return static_cast<int>(garbage.size());
+  }
+
+  std::shared_ptr<VolumeState> FindById(uint64_t id) {
+    MutexLock d(&devices_mu);
+    auto it = devices.find(id);
+    return it == devices.end() ? nullptr : it->second;
+  }
+
+  // One pass over a device: every version checked. For a deleting device,
+  // removes everything and then the record.
+  Status CollectDevice(uint64_t id) {
+    std::shared_ptr<VolumeState> vol = FindById(id);
+    if (!vol) return Status::Ok();
+    // Make the overlay's edits of this device visible to the store iterator.
+    THINFS_RETURN_IF_ERROR(Commit());
+    uint64_t b = 0;
+    while (true) {
+      std::vector<uint64_t> blocks;
+      {
+        auto it = store->NewMapIterator();
+        it->Seek(vol->id, VolumeBlock(b));
+        while (it->Valid() && it->entry().device == vol->id && blocks.size() < 256) {
+          uint64_t vb = it->entry().vblock.value;
+          if (blocks.empty() || blocks.back() != vb) blocks.push_back(vb);
+          it->Next();
+        }
+        THINFS_RETURN_IF_ERROR(it->status());
+      }
+      if (blocks.empty()) break;
+      for (uint64_t vb : blocks) {
+        THINFS_ASSIGN_OR_RETURN(int n, CollectBlock(*vol, vb));
+        (void)n;
+      }
+      b = blocks.back() + 1;
+      // Let I/O and commits through between chunks.
+      std::this_thread::yield();
+    }
+    bool remove_record = false;
+    {
+      MutexLock d(&devices_mu);
+      if (vol->rec.flags & DeviceRecord::kDeleting) {
+        remove_record = true;
+      } else if (vol->rec.flags & DeviceRecord::kGcPending) {
+        vol->rec.flags &= ~DeviceRecord::kGcPending;
+        vol->dirty.store(true);
+      }
+    }
+    if (remove_record) {
+      THINFS_RETURN_IF_ERROR(Commit());
+      // Every version is gone from the store now; drop the record.
+      auto it = store->NewMapIterator();
+      it->Seek(vol->id, VolumeBlock(0));
+      if (it->Valid() && it->entry().device == vol->id) {
+        ScheduleGc(id);  // something appeared meanwhile: another pass
+        return Status::Ok();
+      }
+      MutexLock d(&devices_mu);
+      devices.erase(id);
+      deleted_records.push_back(vol->id);
+    }
+    return Commit();
+  }
+
+  // Runs everything queued. Returns when the queues were empty.
+  Status GcOnce() {
+    MutexLock run(&gc_run_mu);
+    std::set<uint64_t> devs;
+    std::set<BlockKey> cands;
+    {
+      MutexLock l(&gc_mu);
+      devs.swap(gc_devices);
+      cands.swap(gc_candidates);
+    }
+    for (uint64_t id : devs) {
+      Status s = CollectDevice(id);
+      if (!s.ok()) {
+        MutexLock l(&gc_mu);
+        gc_devices.insert(id);
+        return s;
+      }
+    }
+    for (const BlockKey& k : cands) {
+      std::shared_ptr<VolumeState> vol = FindById(k.dev);
+      if (!vol) continue;
+      THINFS_ASSIGN_OR_RETURN(int n, CollectBlock(*vol, k.vblock));
+      (void)n;
+    }
+    return Status::Ok();
+  }
+
+  void GcLoop() {
+    while (true) {
+      {
+        MutexLock l(&gc_mu);
+        while (!gc_stop && gc_devices.empty() && gc_candidates.size() < 1024) {
+          if (!gc_cv.WaitFor(std::chrono::seconds(5)) && !gc_candidates.empty()) break;
+        }
+        if (gc_stop) return;
+      }
+      Status s = GcOnce();
+      if (!s.ok()) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+  }
+
+  // ---- Device table helpers ----
+
+  // REQUIRES: devices_mu held.
+  void MarkDeleting(VolumeState* st) REQUIRES(devices_mu) {
+    st->rec.flags |= DeviceRecord::kDeleting;
+    st->rec.flags &= ~DeviceRecord::kGcPending;
+    st->dirty.store(true);
+    {
+      MutexLock l(&gc_mu);
+      gc_devices.insert(st->id.value);
+    }
+    VolumeState* parent = st->parent.get();
+    if (parent == nullptr) return;
+    auto& ch = parent->children;
+    ch.erase(std::remove(ch.begin(), ch.end(), st), ch.end());
+    if (!parent->live() && !(parent->rec.flags & DeviceRecord::kDeleting) && ch.empty() &&
+        !(parent->rec.flags & DeviceRecord::kDetached)) {
+      MarkDeleting(parent);
+    } else {
+      parent->rec.flags |= DeviceRecord::kGcPending;
+      parent->dirty.store(true);
+      MutexLock l(&gc_mu);
+      gc_devices.insert(parent->id.value);
+    }
+  }
+
+  // Removes a device the user asked to delete.
+  // REQUIRES: devices_mu held; st->io_mu held exclusively.
+  void DeleteLocked(VolumeState* st) REQUIRES(devices_mu) {
+    if (!st->rec.name.empty()) names.erase(st->rec.name);
+    st->rec.name.clear();
+    st->gone.store(true);
+    if (!st->children.empty()) {
+      st->rec.flags |= DeviceRecord::kHidden | DeviceRecord::kGcPending;
+      st->rec.flags &= ~DeviceRecord::kDetached;
+      st->dirty.store(true);
+      MutexLock l(&gc_mu);
+      gc_devices.insert(st->id.value);
+    } else {
+      st->rec.flags &= ~DeviceRecord::kDetached;
+      MarkDeleting(st);
+    }
+    gc_cv.Signal();
+  }
+
+  DeviceInfo InfoLocked(const VolumeState& st) const REQUIRES(devices_mu) {
+    DeviceInfo i;
+    i.id = st.id;
+    i.name = st.rec.name;
+    i.size = st.size.load();
+    i.epoch = st.epoch.load();
+    i.has_parent = st.parent != nullptr;
+    if (st.parent) {
+      i.parent = st.parent->id;
+      i.parent_name = st.parent->rec.name;
+      i.parent_epoch = st.parent_epoch;
+    }
+    i.mapped_blocks = static_cast<uint64_t>(std::max<int64_t>(0, st.mapped.load()));
+    i.mode = st.rec.mode;
+    i.uid = st.rec.uid;
+    i.gid = st.rec.gid;
+    i.created_ns = st.rec.created_ns;
+    i.mtime_ns = st.mtime_ns.load();
+    i.ctime_ns = st.ctime_ns.load();
+    i.atime_ns = st.atime_ns.load();
+    return i;
+  }
+
+  Result<std::shared_ptr<VolumeState>> Named(const std::string& name) {
+    MutexLock d(&devices_mu);
+    auto it = names.find(name);
+    if (it == names.end()) return Status::NotFound("no device named '" + name + "'");
+    return devices.at(it->second);
+  }
+
+  Status ResizeLocked(VolumeState& st, uint64_t new_size);
+  Status DiscardRange(VolumeState& st, uint64_t offset, uint64_t length);
+  Status RebuildSpaceMap();
+};
+
+// ---------------------------------------------------------------------------
+
+Status Pool::Impl::DiscardRange(VolumeState& st, uint64_t offset, uint64_t length) {
+  const uint64_t bs = geometry.block_size();
+  uint64_t end = offset + length;
+  uint64_t first_whole = geometry.BlocksFor(offset);
+  uint64_t end_whole = geometry.BlockOf(end);
+  auto zero_part = [&](uint64_t from, uint64_t to) -> Status {
+    // Partial block: write zeros only if the block reads data.
+    uint64_t b = geometry.BlockOf(from);
+    {
+      ReaderLock stripe(&Stripe(st.id, b));
+      THINFS_ASSIGN_OR_RETURN(Resolved r, Resolve(st, b));
+      if (!r.mapped()) return Status::Ok();
+    }
+    std::vector<std::byte> zeros(to - from);
+    return WriteBlock(st, b, geometry.OffsetInBlock(from), zeros);
+  };
+  if (first_whole > end_whole) {
+    // Inside one block.
+    return zero_part(offset, end);
+  }
+  if (geometry.OffsetInBlock(offset) != 0) {
+    THINFS_RETURN_IF_ERROR(zero_part(offset, geometry.BytesOf(first_whole)));
+  }
+  THINFS_RETURN_IF_ERROR(ForEachCandidate(st, first_whole, end_whole, [&](uint64_t b) {
+    WriterLock stripe(&Stripe(st.id, b));
+    return DiscardBlockLocked(st, b);
+  }));
+  if (geometry.OffsetInBlock(end) != 0 && end_whole >= first_whole) {
+    THINFS_RETURN_IF_ERROR(zero_part(geometry.BytesOf(end_whole), end));
+  }
+  (void)bs;
+  return Status::Ok();
+}
+
+Status Pool::Impl::ResizeLocked(VolumeState& st, uint64_t new_size) {
+  uint64_t old = st.size.load();
+  if (new_size < old) {
+    THINFS_RETURN_IF_ERROR(DiscardRange(st, new_size, old - new_size));
+  }
+  st.size.store(new_size);
+  int64_t now = NowNs();
+  st.mtime_ns.store(now);
+  st.ctime_ns.store(now);
+  st.dirty.store(true);
+  return Status::Ok();
+}
+
+Status Pool::Impl::RebuildSpaceMap() {
+  space->ClearAllForRebuild();
+  auto it = store->NewMapIterator();
+  it->Seek(VolumeId(0), VolumeBlock(0));
+  uint64_t n = 0;
+  for (; it->Valid(); it->Next()) {
+    const MapEntry& e = it->entry();
+    if (e.value.tombstone()) continue;
+    if (e.value.block.value >= geometry.data_blocks()) {
+      return Status::Corruption("mapping of device " + std::to_string(e.device.value) +
+                                " block " + std::to_string(e.vblock.value) +
+                                " points outside the data area (block " +
+                                std::to_string(e.value.block.value) + ")");
+    }
+    space->MarkUsed(e.value.block);
+    ++n;
+  }
+  THINFS_RETURN_IF_ERROR(it->status());
+  (void)n;
+  return space->Sync(superblock.transaction_id);
+}
+
+// ---------------------------------------------------------------------------
+// Volume
+
+Volume::Volume(Pool* pool, std::shared_ptr<VolumeState> state)
+    : pool_(pool), state_(std::move(state)) {}
+Volume::~Volume() = default;
+
+VolumeId Volume::id() const { return state_->id; }
+uint64_t Volume::size() const { return state_->size.load(); }
+
+Result<size_t> Volume::Read(uint64_t offset, std::span<std::byte> buf) {
+  Pool::Impl& p = *pool_->impl_;
+  VolumeState& st = *state_;
+  ReaderLock io(&st.io_mu);
+  if (st.gone.load()) {
+    return Status::NotFound("device was deleted");
+  }
+  uint64_t size = st.size.load();
+  if (offset >= size || buf.empty()) return size_t{0};
+  size_t len = static_cast<size_t>(std::min<uint64_t>(buf.size(), size - offset));
+  p.n_reads.fetch_add(1, std::memory_order_relaxed);
+  size_t done = 0;
+  while (done < len) {
+    uint64_t pos = offset + done;
+    uint64_t b = p.geometry.BlockOf(pos);
+    uint64_t off = p.geometry.OffsetInBlock(pos);
+    size_t n = static_cast<size_t>(std::min<uint64_t>(p.geometry.block_size() - off, len - done));
+    THINFS_RETURN_IF_ERROR(p.ReadBlock(st, b, off, buf.subspan(done, n)));
+    done += n;
+  }
+  return len;
+}
+
+Status Volume::Write(uint64_t offset, std::span<const std::byte> buf) {
+  Pool::Impl& p = *pool_->impl_;
+  THINFS_RETURN_IF_ERROR(p.CheckWritable());
+  VolumeState& st = *state_;
+  ReaderLock io(&st.io_mu);
+  if (st.gone.load()) {
+    return Status::NotFound("device was deleted");
+  }
+  uint64_t size = st.size.load();
+  if (offset > size || buf.size() > size - offset) {
+    return Status::InvalidArgument("write past the end of the device");
+  }
+  p.n_writes.fetch_add(1, std::memory_order_relaxed);
+  size_t done = 0;
+  while (done < buf.size()) {
+    uint64_t pos = offset + done;
+    uint64_t b = p.geometry.BlockOf(pos);
+    uint64_t off = p.geometry.OffsetInBlock(pos);
+    size_t n =
+        static_cast<size_t>(std::min<uint64_t>(p.geometry.block_size() - off, buf.size() - done));
+    THINFS_RETURN_IF_ERROR(p.WriteBlock(st, b, off, buf.subspan(done, n)));
+    done += n;
+  }
+  int64_t now = NowNs();
+  st.mtime_ns.store(now, std::memory_order_relaxed);
+  st.ctime_ns.store(now, std::memory_order_relaxed);
+  st.dirty.store(true, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+Status Volume::Discard(uint64_t offset, uint64_t length) {
+  Pool::Impl& p = *pool_->impl_;
+  THINFS_RETURN_IF_ERROR(p.CheckWritable());
+  VolumeState& st = *state_;
+  ReaderLock io(&st.io_mu);
+  uint64_t size = st.size.load();
+  if (offset >= size || length == 0) return Status::Ok();
+  length = std::min(length, size - offset);
+  return p.DiscardRange(st, offset, length);
+}
+
+Status Volume::Provision(uint64_t offset, uint64_t length) {
+  Pool::Impl& p = *pool_->impl_;
+  THINFS_RETURN_IF_ERROR(p.CheckWritable());
+  VolumeState& st = *state_;
+  ReaderLock io(&st.io_mu);
+  uint64_t size = st.size.load();
+  if (offset >= size || length == 0) return Status::Ok();
+  length = std::min(length, size - offset);
+  uint64_t first = p.geometry.BlockOf(offset);
+  uint64_t last = p.geometry.BlocksFor(offset + length);
+  const uint64_t bs = p.geometry.block_size();
+  std::vector<std::byte> zeros(bs);
+  for (uint64_t b = first; b < last; ++b) {
+    WriterLock stripe(&p.Stripe(st.id, b));
+    Epoch e = st.epoch.load();
+    THINFS_ASSIGN_OR_RETURN(std::optional<Version> own, p.FindOwn(st.id, b, e));
+    Resolved before;
+    if (own) {
+      before = Resolved{true, st.id, own->epoch, own->value};
+    } else {
+      THINFS_ASSIGN_OR_RETURN(before, p.ResolveFrom(st.parent.get(), st.parent_epoch, b));
+    }
+    if (before.mapped()) continue;
+    THINFS_ASSIGN_OR_RETURN(PoolBlock pb, p.AllocateBlock());
+    p.n_provisions.fetch_add(1, std::memory_order_relaxed);
+    Status s = p.data->Write(pb, 0, zeros);
+    if (!s.ok()) {
+      ReaderLock swap(&p.swap_mu);
+      p.space->Free(pb);
+      return s;
+    }
+    p.data_dirty.store(true);
+    THINFS_RETURN_IF_ERROR(p.InstallVersion(st, b, e, own, before, MapValue{pb, 0}));
+  }
+  return Status::Ok();
+}
+
+Status Volume::Flush() { return pool_->impl_->Commit(); }
+
+Result<uint64_t> Volume::SeekData(uint64_t offset) {
+  Pool::Impl& p = *pool_->impl_;
+  VolumeState& st = *state_;
+  ReaderLock io(&st.io_mu);
+  uint64_t size = st.size.load();
+  if (offset >= size) return Status::NotFound("offset at or past the end");
+  uint64_t b = p.geometry.BlockOf(offset);
+  uint64_t last = p.geometry.BlocksFor(size);
+  while (b < last) {
+    THINFS_ASSIGN_OR_RETURN(std::optional<uint64_t> next, p.NextCandidate(st, b));
+    if (!next || *next >= last) break;
+    ReaderLock stripe(&p.Stripe(st.id, *next));
+    THINFS_ASSIGN_OR_RETURN(Resolved r, p.Resolve(st, *next));
+    if (r.mapped()) return std::max(offset, p.geometry.BytesOf(*next));
+    b = *next + 1;
+  }
+  return Status::NotFound("no data after offset");
+}
+
+Result<uint64_t> Volume::SeekHole(uint64_t offset) {
+  Pool::Impl& p = *pool_->impl_;
+  VolumeState& st = *state_;
+  ReaderLock io(&st.io_mu);
+  uint64_t size = st.size.load();
+  if (offset >= size) return Status::NotFound("offset at or past the end");
+  uint64_t b = p.geometry.BlockOf(offset);
+  uint64_t last = p.geometry.BlocksFor(size);
+  for (; b < last; ++b) {
+    ReaderLock stripe(&p.Stripe(st.id, b));
+    THINFS_ASSIGN_OR_RETURN(Resolved r, p.Resolve(st, b));
+    if (!r.mapped()) return std::max(offset, p.geometry.BytesOf(b));
+  }
+  return size;
+}
+
+// ---------------------------------------------------------------------------
+// Pool
+
+Pool::Pool(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Pool::~Pool() {
+  if (impl_ && !impl_->closed) {
+    Status s = Close();
+    (void)s;
+  }
+}
+
+Result<std::unique_ptr<Pool>> Pool::Open(std::unique_ptr<BlockDevice> data,
+                                         std::unique_ptr<SpaceMap> space,
+                                         std::unique_ptr<MetadataStore> store,
+                                         const PoolOptions& options) {
+  auto impl = std::make_unique<Impl>(std::move(data), std::move(space), std::move(store), options);
+  Impl& p = *impl;
+  THINFS_ASSIGN_OR_RETURN(Superblock sb, p.store->ReadSuperblock());
+  if (sb.block_size != p.geometry.block_size() || sb.data_blocks != p.geometry.data_blocks()) {
+    return Status::Corruption("superblock geometry does not match the data area");
+  }
+  if (sb.data_blocks != p.space->total_blocks()) {
+    return Status::Corruption("superblock says " + std::to_string(sb.data_blocks) +
+                              " data blocks, bitmap covers " +
+                              std::to_string(p.space->total_blocks()));
+  }
+  {
+    MutexLock c(&p.commit_mu);
+    p.superblock = sb;
+  }
+  p.transaction_id.store(sb.transaction_id);
+  THINFS_ASSIGN_OR_RETURN(std::vector<DeviceRecord> recs, p.store->LoadDevices());
+  std::vector<VolumeId> orphans;
+  {
+    MutexLock d(&p.devices_mu);
+    p.next_device_id = std::max<uint64_t>(sb.next_device_id, 1);
+    for (const DeviceRecord& r : recs) {
+      auto st = std::make_shared<VolumeState>(r);
+      p.devices[r.id.value] = st;
+      if (r.id.value >= p.next_device_id) p.next_device_id = r.id.value + 1;
+    }
+    for (const DeviceRecord& r : recs) {
+      auto& st = p.devices[r.id.value];
+      if (r.has_parent) {
+        auto it = p.devices.find(r.parent.value);
+        if (it == p.devices.end()) {
+          return Status::Corruption("device " + std::to_string(r.id.value) +
+                                    " has missing parent " + std::to_string(r.parent.value));
+        }
+        st->parent = it->second;
+        st->parent_epoch = r.parent_epoch;
+        if (r.parent_epoch >= it->second->epoch.load()) {
+          return Status::Corruption("device " + std::to_string(r.id.value) +
+                                    " reads its parent at a future epoch");
+        }
+        it->second->children.push_back(st.get());
+      }
+      if (!r.name.empty() && st->live() && !(r.flags & DeviceRecord::kDetached)) {
+        if (!p.names.emplace(r.name, r.id.value).second) {
+          return Status::Corruption("two devices are named '" + r.name + "'");
+        }
+      }
+    }
+    // The ancestry must be acyclic.
+    for (auto& [id, st] : p.devices) {
+      size_t steps = 0;
+      for (VolumeState* a = st->parent.get(); a != nullptr; a = a->parent.get()) {
+        if (++steps > p.devices.size()) {
+          return Status::Corruption("device ancestry has a cycle through device " +
+                                    std::to_string(id));
+        }
+      }
+    }
+    for (auto& [id, st] : p.devices) {
+      if (st->rec.flags & DeviceRecord::kDetached) orphans.push_back(st->id);
+      if (st->rec.flags & (DeviceRecord::kDeleting | DeviceRecord::kGcPending)) {
+        MutexLock l(&p.gc_mu);
+        p.gc_devices.insert(id);
+      }
+    }
+  }
+  if (!options.read_only) {
+    if (!p.space->was_clean()) {
+      // Recovery: the bitmap may have lost frees or kept leaks; rebuild it
+      // from the committed block map and re-check every device for garbage
+      // whose collection was pending in memory only.
+      THINFS_RETURN_IF_ERROR(p.RebuildSpaceMap());
+      MutexLock d(&p.devices_mu);
+      MutexLock l(&p.gc_mu);
+      for (auto& [id, st] : p.devices) p.gc_devices.insert(id);
+    }
+    THINFS_RETURN_IF_ERROR(p.space->MarkDirty());
+  }
+  std::unique_ptr<Pool> pool(new Pool(std::move(impl)));
+  for (VolumeId id : orphans) {
+    Status s = pool->DeleteDetached(id);
+    if (!s.ok()) return s;
+  }
+  if (!options.read_only) {
+    if (options.commit_interval.count() > 0) {
+      pool->impl_->commit_thread = std::thread([&p = *pool->impl_] { p.CommitLoop(); });
+    }
+    if (options.background_gc) {
+      pool->impl_->gc_thread = std::thread([&p = *pool->impl_] { p.GcLoop(); });
+    }
+  }
+  return pool;
+}
+
+Status Pool::Close() {
+  Impl& p = *impl_;
+  if (p.closed) return Status::Ok();
+  p.closed = true;
+  {
+    MutexLock l(&p.timer_mu);
+    p.timer_stop = true;
+    p.timer_cv.SignalAll();
+  }
+  {
+    MutexLock l(&p.gc_mu);
+    p.gc_stop = true;
+    p.gc_cv.SignalAll();
+  }
+  if (p.commit_thread.joinable()) p.commit_thread.join();
+  if (p.gc_thread.joinable()) p.gc_thread.join();
+  if (p.options.read_only) return Status::Ok();
+  THINFS_RETURN_IF_ERROR(p.Commit());
+  if (p.failed.load()) return Status::IOError("pool failed earlier: " + p.failure);
+  // Frees released by the last commit must reach the disk before the bitmap
+  // is declared clean; MarkClean writes the whole state.
+  return p.space->MarkClean(p.transaction_id.load());
+}
+
+void Pool::AbandonForTesting() {
+  Impl& p = *impl_;
+  p.closed = true;
+  {
+    MutexLock l(&p.timer_mu);
+    p.timer_stop = true;
+    p.timer_cv.SignalAll();
+  }
+  {
+    MutexLock l(&p.gc_mu);
+    p.gc_stop = true;
+    p.gc_cv.SignalAll();
+  }
+  if (p.commit_thread.joinable()) p.commit_thread.join();
+  if (p.gc_thread.joinable()) p.gc_thread.join();
+}
+
+Status Pool::ValidateName(const std::string& name) {
+  if (name.empty()) return Status::InvalidArgument("device name is empty");
+  if (name.size() > 128) {
+    return Status::NameTooLong("device name is longer than 128 characters");
+  }
+  if (name[0] == '.') return Status::InvalidArgument("device name must not start with '.'");
+  for (char c : name) {
+    bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '+' || c == '-';
+    if (!ok) {
+      return Status::InvalidArgument("device name '" + name +
+                                     "' has a character outside [A-Za-z0-9._+-]");
+    }
+  }
+  return Status::Ok();
+}
+
+Result<VolumeId> Pool::CreateDevice(const std::string& name, uint64_t size,
+                                    const DeviceAttrs& attrs) {
+  Impl& p = *impl_;
+  THINFS_RETURN_IF_ERROR(p.CheckWritable());
+  THINFS_RETURN_IF_ERROR(ValidateName(name));
+  VolumeId id;
+  {
+    ReaderLock swap(&p.swap_mu);
+    MutexLock d(&p.devices_mu);
+    if (p.names.count(name)) return Status::Exists("device '" + name + "' already exists");
+    DeviceRecord r;
+    r.id = VolumeId(p.next_device_id++);
+    r.name = name;
+    r.size = size;
+    r.mode = attrs.mode;
+    r.uid = attrs.uid;
+    r.gid = attrs.gid;
+    r.created_ns = r.mtime_ns = r.ctime_ns = r.atime_ns = NowNs();
+    auto st = std::make_shared<VolumeState>(r);
+    st->dirty.store(true);
+    p.devices[r.id.value] = st;
+    p.names[name] = r.id.value;
+    id = r.id;
+  }
+  THINFS_RETURN_IF_ERROR(p.Commit());
+  return id;
+}
+
+Result<VolumeId> Pool::CreateSnapshot(const std::string& origin, const std::string& name) {
+  Impl& p = *impl_;
+  THINFS_RETURN_IF_ERROR(p.CheckWritable());
+  THINFS_RETURN_IF_ERROR(ValidateName(name));
+  THINFS_ASSIGN_OR_RETURN(std::shared_ptr<VolumeState> o, p.Named(origin));
+  VolumeId id;
+  {
+    // Drain in-flight I/O on the origin: the snapshot holds every write
+    // completed before this point and none after.
+    WriterLock io(&o->io_mu);
+    ReaderLock swap(&p.swap_mu);
+    MutexLock d(&p.devices_mu);
+    if (o->gone.load()) return Status::NotFound("no device named '" + origin + "'");
+    if (p.names.count(name)) return Status::Exists("device '" + name + "' already exists");
+    Epoch e = o->epoch.load();
+    if (e == std::numeric_limits<Epoch>::max()) {
+      return Status::NoSpace("device '" + origin + "' has used up its snapshot epochs");
+    }
+    DeviceRecord r;
+    r.id = VolumeId(p.next_device_id++);
+    r.name = name;
+    r.size = o->size.load();
+    r.mode = o->rec.mode;
+    r.uid = o->rec.uid;
+    r.gid = o->rec.gid;
+    r.created_ns = r.ctime_ns = r.atime_ns = NowNs();
+    r.mtime_ns = o->mtime_ns.load();
+    r.mapped_blocks = static_cast<uint64_t>(std::max<int64_t>(0, o->mapped.load()));
+    auto st = std::make_shared<VolumeState>(r);
+    st->parent = o;
+    st->parent_epoch = e;
+    st->dirty.store(true);
+    o->epoch.store(e + 1);
+    o->dirty.store(true);
+    o->children.push_back(st.get());
+    p.devices[r.id.value] = st;
+    p.names[name] = r.id.value;
+    id = r.id;
+  }
+  THINFS_RETURN_IF_ERROR(p.Commit());
+  return id;
+}
+
+Status Pool::DeleteDevice(const std::string& name) {
+  Impl& p = *impl_;
+  THINFS_RETURN_IF_ERROR(p.CheckWritable());
+  THINFS_ASSIGN_OR_RETURN(std::shared_ptr<VolumeState> st, p.Named(name));
+  {
+    WriterLock io(&st->io_mu);
+    ReaderLock swap(&p.swap_mu);
+    MutexLock d(&p.devices_mu);
+    if (st->gone.load()) return Status::NotFound("no device named '" + name + "'");
+    p.DeleteLocked(st.get());
+  }
+  return p.Commit();
+}
+
+Status Pool::DetachName(const std::string& name) {
+  Impl& p = *impl_;
+  THINFS_RETURN_IF_ERROR(p.CheckWritable());
+  THINFS_ASSIGN_OR_RETURN(std::shared_ptr<VolumeState> st, p.Named(name));
+  {
+    ReaderLock swap(&p.swap_mu);
+    MutexLock d(&p.devices_mu);
+    p.names.erase(name);
+    st->rec.name.clear();
+    st->rec.flags |= DeviceRecord::kDetached;
+    st->dirty.store(true);
+  }
+  return p.Commit();
+}
+
+Status Pool::DeleteDetached(VolumeId id) {
+  Impl& p = *impl_;
+  THINFS_RETURN_IF_ERROR(p.CheckWritable());
+  std::shared_ptr<VolumeState> st = p.FindById(id.value);
+  if (!st) return Status::NotFound("no device " + std::to_string(id.value));
+  {
+    WriterLock io(&st->io_mu);
+    ReaderLock swap(&p.swap_mu);
+    MutexLock d(&p.devices_mu);
+    if (!(st->rec.flags & DeviceRecord::kDetached)) {
+      return Status::InvalidArgument("device " + std::to_string(id.value) + " is not detached");
+    }
+    p.DeleteLocked(st.get());
+  }
+  return p.Commit();
+}
+
+Status Pool::ResizeDevice(const std::string& name, uint64_t new_size) {
+  THINFS_ASSIGN_OR_RETURN(std::shared_ptr<VolumeState> st, impl_->Named(name));
+  return ResizeDevice(st->id, new_size);
+}
+
+Status Pool::ResizeDevice(VolumeId id, uint64_t new_size) {
+  Impl& p = *impl_;
+  THINFS_RETURN_IF_ERROR(p.CheckWritable());
+  std::shared_ptr<VolumeState> st = p.FindById(id.value);
+  if (!st || (st->gone.load())) {
+    return Status::NotFound("no device " + std::to_string(id.value));
+  }
+  {
+    WriterLock io(&st->io_mu);
+    THINFS_RETURN_IF_ERROR(p.ResizeLocked(*st, new_size));
+  }
+  return p.Commit();
+}
+
+Status Pool::RenameDevice(const std::string& from, const std::string& to, bool replace) {
+  Impl& p = *impl_;
+  THINFS_RETURN_IF_ERROR(p.CheckWritable());
+  THINFS_RETURN_IF_ERROR(ValidateName(to));
+  THINFS_ASSIGN_OR_RETURN(std::shared_ptr<VolumeState> st, p.Named(from));
+  if (from == to) return Status::Ok();
+  std::shared_ptr<VolumeState> victim;
+  {
+    MutexLock d(&p.devices_mu);
+    auto it = p.names.find(to);
+    if (it != p.names.end()) {
+      if (!replace) return Status::Exists("device '" + to + "' already exists");
+      victim = p.devices.at(it->second);
+    }
+  }
+  if (victim) {
+    WriterLock io(&victim->io_mu);
+    ReaderLock swap(&p.swap_mu);
+    MutexLock d(&p.devices_mu);
+    if (!victim->gone.load()) p.DeleteLocked(victim.get());
+  }
+  {
+    ReaderLock swap(&p.swap_mu);
+    MutexLock d(&p.devices_mu);
+    if (st->gone.load()) return Status::NotFound("no device named '" + from + "'");
+    if (p.names.count(to)) return Status::Exists("device '" + to + "' already exists");
+    p.names.erase(from);
+    p.names[to] = st->id.value;
+    st->rec.name = to;
+    st->ctime_ns.store(NowNs());
+    st->dirty.store(true);
+  }
+  return p.Commit();
+}
+
+Status Pool::SetAttrs(VolumeId id, std::optional<uint32_t> mode, std::optional<uint32_t> uid,
+                      std::optional<uint32_t> gid, std::optional<int64_t> atime_ns,
+                      std::optional<int64_t> mtime_ns) {
+  Impl& p = *impl_;
+  THINFS_RETURN_IF_ERROR(p.CheckWritable());
+  std::shared_ptr<VolumeState> st = p.FindById(id.value);
+  if (!st || (st->gone.load())) {
+    return Status::NotFound("no device " + std::to_string(id.value));
+  }
+  ReaderLock swap(&p.swap_mu);
+  MutexLock d(&p.devices_mu);
+  if (mode) st->rec.mode = (st->rec.mode & ~07777u) | (*mode & 07777u);
+  if (uid) st->rec.uid = *uid;
+  if (gid) st->rec.gid = *gid;
+  if (atime_ns) st->atime_ns.store(*atime_ns);
+  if (mtime_ns) st->mtime_ns.store(*mtime_ns);
+  st->ctime_ns.store(NowNs());
+  st->dirty.store(true);
+  return Status::Ok();
+}
+
+Result<DeviceInfo> Pool::GetDevice(const std::string& name) const {
+  MutexLock d(&impl_->devices_mu);
+  auto it = impl_->names.find(name);
+  if (it == impl_->names.end()) return Status::NotFound("no device named '" + name + "'");
+  return impl_->InfoLocked(*impl_->devices.at(it->second));
+}
+
+Result<DeviceInfo> Pool::GetDevice(VolumeId id) const {
+  MutexLock d(&impl_->devices_mu);
+  auto it = impl_->devices.find(id.value);
+  if (it == impl_->devices.end() ||
+      (it->second->gone.load())) {
+    return Status::NotFound("no device " + std::to_string(id.value));
+  }
+  return impl_->InfoLocked(*it->second);
+}
+
+std::vector<DeviceInfo> Pool::ListDevices() const {
+  MutexLock d(&impl_->devices_mu);
+  std::vector<DeviceInfo> out;
+  for (const auto& [name, id] : impl_->names) out.push_back(impl_->InfoLocked(*impl_->devices.at(id)));
+  return out;
+}
+
+Result<DeviceUsage> Pool::ComputeUsage(VolumeId id) {
+  Impl& p = *impl_;
+  std::shared_ptr<VolumeState> st = p.FindById(id.value);
+  if (!st) return Status::NotFound("no device " + std::to_string(id.value));
+  ReaderLock io(&st->io_mu);
+  DeviceUsage u;
+  uint64_t last = p.geometry.BlocksFor(st->size.load());
+  THINFS_RETURN_IF_ERROR(p.ForEachCandidate(*st, 0, last, [&](uint64_t b) -> Status {
+    ReaderLock stripe(&p.Stripe(st->id, b));
+    THINFS_ASSIGN_OR_RETURN(Resolved r, p.Resolve(*st, b));
+    if (!r.mapped()) return Status::Ok();
+    u.mapped_blocks++;
+    bool shared = r.owner != st->id;
+    if (!shared && (r.value.flags & MapValue::kMaybeShared)) {
+      THINFS_ASSIGN_OR_RETURN(uint32_t rc, p.Refcount(r.value.block));
+      shared = rc >= 2;
+    }
+    if (!shared) {
+      // Own version: shared when a child still reads it.
+      MutexLock d(&p.devices_mu);
+      Epoch next = std::numeric_limits<Epoch>::max();
+      THINFS_ASSIGN_OR_RETURN(std::vector<Version> own, p.ListOwn(st->id, b));
+      for (size_t i = 0; i < own.size(); ++i) {
+        if (own[i].epoch == r.epoch) {
+          next = i == 0 ? std::numeric_limits<Epoch>::max() : own[i - 1].epoch;
+          break;
+        }
+      }
+      for (const VolumeState* c : st->children) {
+        if (c->parent_epoch < r.epoch || c->parent_epoch >= next) continue;
+        THINFS_ASSIGN_OR_RETURN(bool reach, p.ReachesParent(*c, b));
+        if (reach) {
+          shared = true;
+          break;
+        }
+      }
+    }
+    if (shared) {
+      u.shared_blocks++;
+    } else {
+      u.exclusive_blocks++;
+    }
+    return Status::Ok();
+  }));
+  return u;
+}
+
+Result<std::shared_ptr<Volume>> Pool::OpenVolume(VolumeId id) {
+  std::shared_ptr<VolumeState> st = impl_->FindById(id.value);
+  if (!st || (st->gone.load())) {
+    return Status::NotFound("no device " + std::to_string(id.value));
+  }
+  return std::shared_ptr<Volume>(new Volume(this, st));
+}
+
+Result<std::shared_ptr<Volume>> Pool::OpenVolume(const std::string& name) {
+  THINFS_ASSIGN_OR_RETURN(std::shared_ptr<VolumeState> st, impl_->Named(name));
+  return std::shared_ptr<Volume>(new Volume(this, st));
+}
+
+Status Pool::ShareRange(VolumeId src_id, uint64_t src_offset, VolumeId dst_id,
+                        uint64_t dst_offset, uint64_t length) {
+  Impl& p = *impl_;
+  THINFS_RETURN_IF_ERROR(p.CheckWritable());
+  std::shared_ptr<VolumeState> src = p.FindById(src_id.value);
+  std::shared_ptr<VolumeState> dst = p.FindById(dst_id.value);
+  if (!src || src->gone.load()) return Status::NotFound("no source device");
+  if (!dst || dst->gone.load()) return Status::NotFound("no destination device");
+  if (length == 0) return Status::Ok();
+  const Geometry& g = p.geometry;
+
+  // Whole device onto an empty device: an O(1) snapshot.
+  if (src != dst && src_offset == 0 && dst_offset == 0 && length >= src->size.load() &&
+      dst->size.load() == src->size.load()) {
+    WriterLock io1(src->id < dst->id ? &src->io_mu : &dst->io_mu);
+    WriterLock io2(src->id < dst->id ? &dst->io_mu : &src->io_mu);
+    bool empty = false;
+    {
+      MutexLock d(&p.devices_mu);
+      empty = dst->children.empty() && dst->parent == nullptr && dst->mapped.load() == 0;
+    }
+    if (empty) {
+      auto next = p.NextCandidate(*dst, 0);
+      if (!next.ok()) return next.status();
+      empty = !next->has_value();
+    }
+    if (empty) {
+      {
+        ReaderLock swap(&p.swap_mu);
+        MutexLock d(&p.devices_mu);
+        Epoch e = src->epoch.load();
+        dst->parent = src;
+        dst->parent_epoch = e;
+        dst->mapped.store(src->mapped.load());
+        dst->dirty.store(true);
+        src->epoch.store(e + 1);
+        src->dirty.store(true);
+        src->children.push_back(dst.get());
+      }
+      return p.Commit();
+    }
+  }
+
+  ReaderLock io_src(&src->io_mu);
+  std::optional<ReaderLock> io_dst;
+  if (dst != src) io_dst.emplace(&dst->io_mu);
+  uint64_t ssize = src->size.load();
+  uint64_t dsize = dst->size.load();
+  if (src_offset >= ssize) return Status::Ok();
+  length = std::min(length, ssize - src_offset);
+  if (dst_offset > dsize || length > dsize - dst_offset) {
+    return Status::InvalidArgument("copy past the end of the destination");
+  }
+  if (src == dst && src_offset < dst_offset + length && dst_offset < src_offset + length) {
+    return Status::InvalidArgument("overlapping copy within one device");
+  }
+  const uint64_t bs = g.block_size();
+  std::vector<std::byte> buf;
+  auto copy_bytes = [&](uint64_t s, uint64_t d, uint64_t n) -> Status {
+    while (n > 0) {
+      uint64_t sb = g.BlockOf(s), so = g.OffsetInBlock(s);
+      uint64_t db = g.BlockOf(d), doff = g.OffsetInBlock(d);
+      uint64_t chunk = std::min({n, bs - so, bs - doff});
+      buf.resize(chunk);
+      THINFS_RETURN_IF_ERROR(p.ReadBlock(*src, sb, so, buf));
+      THINFS_RETURN_IF_ERROR(p.WriteBlock(*dst, db, doff, buf));
+      s += chunk;
+      d += chunk;
+      n -= chunk;
+    }
+    return Status::Ok();
+  };
+  if (g.OffsetInBlock(src_offset) != g.OffsetInBlock(dst_offset)) {
+    return copy_bytes(src_offset, dst_offset, length);
+  }
+  uint64_t head = std::min(length, (bs - g.OffsetInBlock(src_offset)) % bs);
+  THINFS_RETURN_IF_ERROR(copy_bytes(src_offset, dst_offset, head));
+  uint64_t s = src_offset + head, d = dst_offset + head, n = length - head;
+  while (n >= bs) {
+    uint64_t sb = g.BlockOf(s), db = g.BlockOf(d);
+    SharedMutex* m1 = &p.Stripe(src->id, sb);
+    SharedMutex* m2 = &p.Stripe(dst->id, db);
+    if (m1 > m2) std::swap(m1, m2);
+    WriterLock l1(m1);
+    std::optional<WriterLock> l2;
+    if (m2 != m1) l2.emplace(m2);
+    THINFS_ASSIGN_OR_RETURN(Resolved r, p.Resolve(*src, sb));
+    if (!r.mapped()) {
+      THINFS_RETURN_IF_ERROR(p.DiscardBlockLocked(*dst, db));
+    } else {
+      Epoch de = dst->epoch.load();
+      THINFS_ASSIGN_OR_RETURN(std::optional<Version> own, p.FindOwn(dst->id, db, de));
+      bool same = own && !own->value.tombstone() && own->value.block == r.value.block;
+      if (!same) {
+        Resolved before;
+        if (own) {
+          before = Resolved{true, dst->id, own->epoch, own->value};
+        } else {
+          THINFS_ASSIGN_OR_RETURN(before, p.ResolveFrom(dst->parent.get(), dst->parent_epoch, db));
+        }
+        {
+          ReaderLock swap(&p.swap_mu);
+          THINFS_RETURN_IF_ERROR(p.AddReference(r.value.block));
+          if (r.owner == src->id && r.epoch == src->epoch.load() &&
+              !(r.value.flags & MapValue::kMaybeShared)) {
+            // The source could overwrite it in place: flag it.
+            MapValue v = r.value;
+            v.flags |= MapValue::kMaybeShared;
+            p.SetEdit(src->id, sb, r.epoch, v);
+          }
+        }
+        MapValue v{r.value.block, MapValue::kMaybeShared};
+        THINFS_RETURN_IF_ERROR(p.InstallVersion(*dst, db, de, own, before, v));
+      }
+    }
+    s += bs;
+    d += bs;
+    n -= bs;
+  }
+  THINFS_RETURN_IF_ERROR(copy_bytes(s, d, n));
+  int64_t now = NowNs();
+  dst->mtime_ns.store(now);
+  dst->ctime_ns.store(now);
+  dst->dirty.store(true);
+  return Status::Ok();
+}
+
+Status Pool::Commit() { return impl_->Commit(); }
+
+PoolStats Pool::Stats() const {
+  Impl& p = *impl_;
+  PoolStats s;
+  s.block_size = p.geometry.block_size();
+  s.data_blocks = p.geometry.data_blocks();
+  s.free_blocks = p.space->free_blocks();
+  s.used_blocks = s.data_blocks - s.free_blocks;
+  {
+    MutexLock d(&p.devices_mu);
+    s.devices = p.names.size();
+  }
+  s.transaction_id = p.transaction_id.load();
+  s.reads = p.n_reads.load();
+  s.writes = p.n_writes.load();
+  s.provisions = p.n_provisions.load();
+  s.cow_copies = p.n_cow.load();
+  s.discards = p.n_discards.load();
+  s.commits = p.n_commits.load();
+  {
+    MutexLock l(&p.gc_mu);
+    s.gc_backlog = p.gc_devices.size() + p.gc_candidates.size();
+  }
+  s.read_only = p.options.read_only || p.failed.load();
+  return s;
+}
+
+const Geometry& Pool::geometry() const { return impl_->geometry; }
+MetadataStore* Pool::store() { return impl_->store.get(); }
+SpaceMap* Pool::space_map() { return impl_->space.get(); }
+
+Result<std::optional<PoolBlock>> Pool::MappedBlockForTesting(VolumeId id, uint64_t vblock) {
+  Impl& p = *impl_;
+  std::shared_ptr<VolumeState> st = p.FindById(id.value);
+  if (!st) return Status::NotFound("no device " + std::to_string(id.value));
+  ReaderLock io(&st->io_mu);
+  ReaderLock stripe(&p.Stripe(st->id, vblock));
+  THINFS_ASSIGN_OR_RETURN(Resolved r, p.Resolve(*st, vblock));
+  if (!r.mapped()) return std::optional<PoolBlock>();
+  return std::optional<PoolBlock>(r.value.block);
+}
+
+Status Pool::RunGcForTesting() {
+  Impl& p = *impl_;
+  for (int round = 0; round < 100; ++round) {
+    THINFS_RETURN_IF_ERROR(p.GcOnce());
+    MutexLock l(&p.gc_mu);
+    if (p.gc_devices.empty() && p.gc_candidates.empty()) break;
+  }
+  return p.Commit();
+}
+
+}  // namespace thinfs
