@@ -479,7 +479,13 @@ Result<PoolFiles> OpenPoolFiles(const std::string& root, const OpenOptions& opti
 
   Result<std::unique_ptr<BitmapSpaceMap>> bitmap = BitmapSpaceMap::Open(
       f.paths.bitmap, f.superblock.data_blocks, f.superblock.block_size, options.read_only);
-  if (!bitmap.ok()) return bitmap.status().WithContext("bitmap " + f.paths.bitmap);
+  if (!bitmap.ok()) {
+    Status s = bitmap.status();
+    // A geometry mismatch is the superblock and the bitmap disagreeing: a
+    // damaged pool, not a bad argument of the caller's.
+    if (s.IsInvalidArgument()) s = Status::Corruption(s.message());
+    return s.WithContext("bitmap " + f.paths.bitmap);
+  }
   f.bitmap = std::move(*bitmap);
   return f;
 }

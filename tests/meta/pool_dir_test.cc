@@ -306,11 +306,15 @@ TEST(PoolLockTest, ExclusionAcrossProcesses) {
   pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    Result<PoolLock> lock = PoolLock::Acquire(lock_path);
-    char c = lock.ok() ? 'y' : 'n';
-    (void)!::write(ready[1], &c, 1);
-    (void)!::read(release[0], &c, 1);
-    ::_exit(lock.ok() ? 0 : 1);
+    bool ok = false;
+    {
+      Result<PoolLock> lock = PoolLock::Acquire(lock_path);
+      ok = lock.ok();
+      char c = ok ? 'y' : 'n';
+      (void)!::write(ready[1], &c, 1);
+      (void)!::read(release[0], &c, 1);
+    }  // released here: _exit runs no destructors
+    ::_exit(ok ? 0 : 1);
   }
   char c = 0;
   ASSERT_EQ(::read(ready[0], &c, 1), 1);

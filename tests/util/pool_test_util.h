@@ -12,9 +12,9 @@
 namespace thinfs::testing {
 
 // A byte of the bitmap header (meta/format.h) covered by its checksum but
-// neither the magic nor the geometry: flipping it must be reported as a
-// checksum mismatch.
-inline constexpr uint64_t kBitmapHeaderFlipOffsetForTesting = 8;
+// neither the magic nor the geometry (the low byte of `generation`):
+// flipping it must be reported as a header checksum mismatch.
+inline constexpr uint64_t kBitmapHeaderFlipOffsetForTesting = 32;
 
 // mkdtemp("/tmp/thinfs-test-XXXXXX"), removed recursively on destruction.
 class TempDir {
