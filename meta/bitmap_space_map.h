@@ -89,12 +89,12 @@ class BitmapSpaceMap final : public SpaceMap {
   uint64_t free_blocks() const override;
 
   // The clean flag as found at Open (true after Create).
-  bool was_clean() const { return was_clean_; }
+  bool was_clean() const override { return was_clean_; }
 
   // Clears the clean flag in the header and msyncs it; only then may bits
   // change. No-op when already dirty.
   // Returns kReadOnly on a read-only map, kIOError on msync failure.
-  Status MarkDirty();
+  Status MarkDirty() override;
 
   // Clean shutdown: msyncs the body, then writes `generation`, the body
   // checksum and the clean flag into the header and msyncs it. Bits must
@@ -102,7 +102,7 @@ class BitmapSpaceMap final : public SpaceMap {
   // Frees queued or taken but not yet released stay allocated in the file
   // (a leak that check reclaims); releasing them afterwards is a bug.
   // Returns kReadOnly on a read-only map, kIOError on msync failure.
-  Status MarkClean(uint64_t generation);
+  Status MarkClean(uint64_t generation) override;
 
   // The generation of the last Sync/MarkClean, or as found at Open.
   uint64_t generation() const;

@@ -170,7 +170,7 @@ TEST(MemBlockDeviceTest, ConcurrentWritersToDistinctBlocks) {
   MemBlockDevice dev(Geometry(bs, 400));
   std::vector<std::thread> threads;
   for (uint64_t t = 0; t < 4; ++t) {
-    threads.emplace_back([&dev, t, bs] {
+    threads.emplace_back([&dev, t] {
       for (uint64_t b = t; b < 400; b += 4) {
         ASSERT_TRUE(dev.Write(PoolBlock(b), 0, Pattern(bs, b)).ok());
       }
