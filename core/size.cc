@@ -10,7 +10,16 @@ namespace {
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 bool IsSpace(char c) { return c == ' ' || c == '\t'; }
 
-std::string Quote(std::string_view text) { return "'" + std::string(text) + "'"; }
+// Appends rather than `"'" + std::string(text)`, which trips gcc 12's
+// -Wrestrict false positive (GCC bug 105651) in Release builds.
+std::string Quote(std::string_view text) {
+  std::string q;
+  q.reserve(text.size() + 2);
+  q.push_back('\'');
+  q.append(text);
+  q.push_back('\'');
+  return q;
+}
 
 // Returns the shift for a suffix letter, or -1.
 int ShiftOf(char c) {

@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/deps.sh
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+# Warnings are errors in CI (scripts/test.sh), not for someone running the tool.
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DTHINFS_WERROR=OFF
 cmake --build build -j2 --target thinfs
 
 POOL=${THINFS_POOL:-./pool}
