@@ -400,7 +400,12 @@ struct Pool::Impl {
   // current epoch), frees it when no child can see it.
   // REQUIRES: swap_mu held shared.
   Status DropSuperseded(VolumeState& vol, uint64_t b, const Version& own, Epoch current) {
-    if (ChildInRange(vol, own.epoch, current)) return Status::Ok();
+    if (ChildInRange(vol, own.epoch, current)) {
+      // A child may still read it, unless it has its own copy: let the
+      // collector decide.
+      AddGcCandidate(vol.id, b);
+      return Status::Ok();
+    }
     SetEdit(vol.id, b, own.epoch, std::nullopt);
     if (!own.value.tombstone()) return ReleaseBlock(own.value.block);
     return Status::Ok();
@@ -829,6 +834,21 @@ struct Pool::Impl {
 
   // ---- Device table helpers ----
 
+  // Queues `st` and every ancestor for a full collector pass: a device
+  // that stops reading (deleted or hidden) may leave garbage anywhere up
+  // its chain.
+  // REQUIRES: devices_mu held.
+  void ScheduleChainGc(VolumeState* st) REQUIRES(devices_mu) {
+    for (VolumeState* a = st; a != nullptr; a = a->parent.get()) {
+      if (!(a->rec.flags & DeviceRecord::kDeleting)) {
+        a->rec.flags |= DeviceRecord::kGcPending;
+        a->dirty.store(true);
+      }
+      MutexLock l(&gc_mu);
+      gc_devices.insert(a->id.value);
+    }
+  }
+
   // REQUIRES: devices_mu held.
   void MarkDeleting(VolumeState* st) REQUIRES(devices_mu) {
     st->rec.flags |= DeviceRecord::kDeleting;
@@ -842,14 +862,10 @@ struct Pool::Impl {
     if (parent == nullptr) return;
     auto& ch = parent->children;
     ch.erase(std::remove(ch.begin(), ch.end(), st), ch.end());
-    if (!parent->live() && !(parent->rec.flags & DeviceRecord::kDeleting) && ch.empty() &&
-        !(parent->rec.flags & DeviceRecord::kDetached)) {
+    if (!parent->live() && !(parent->rec.flags & DeviceRecord::kDeleting) && ch.empty()) {
       MarkDeleting(parent);
     } else {
-      parent->rec.flags |= DeviceRecord::kGcPending;
-      parent->dirty.store(true);
-      MutexLock l(&gc_mu);
-      gc_devices.insert(parent->id.value);
+      ScheduleChainGc(parent);
     }
   }
 
@@ -859,14 +875,11 @@ struct Pool::Impl {
     if (!st->rec.name.empty()) names.erase(st->rec.name);
     st->rec.name.clear();
     st->gone.store(true);
+    st->rec.flags &= ~DeviceRecord::kDetached;
     if (!st->children.empty()) {
-      st->rec.flags |= DeviceRecord::kHidden | DeviceRecord::kGcPending;
-      st->rec.flags &= ~DeviceRecord::kDetached;
-      st->dirty.store(true);
-      MutexLock l(&gc_mu);
-      gc_devices.insert(st->id.value);
+      st->rec.flags |= DeviceRecord::kHidden;
+      ScheduleChainGc(st);
     } else {
-      st->rec.flags &= ~DeviceRecord::kDetached;
       MarkDeleting(st);
     }
     gc_cv.Signal();
@@ -946,7 +959,17 @@ Status Pool::Impl::DiscardRange(VolumeState& st, uint64_t offset, uint64_t lengt
 Status Pool::Impl::ResizeLocked(VolumeState& st, uint64_t new_size) {
   uint64_t old = st.size.load();
   if (new_size < old) {
-    THINFS_RETURN_IF_ERROR(DiscardRange(st, new_size, old - new_size));
+    // Zero the tail of the new last block (a later grow must read zeros
+    // there), then unmap every block wholly beyond the new end, including
+    // a partial old last block.
+    uint64_t keep = geometry.BlocksFor(new_size);
+    uint64_t tail_end = std::min(old, geometry.BytesOf(keep));
+    if (tail_end > new_size) THINFS_RETURN_IF_ERROR(DiscardRange(st, new_size, tail_end - new_size));
+    THINFS_RETURN_IF_ERROR(
+        ForEachCandidate(st, keep, geometry.BlocksFor(old), [&](uint64_t b) {
+          WriterLock stripe(&Stripe(st.id, b));
+          return DiscardBlockLocked(st, b);
+        }));
   }
   st.size.store(new_size);
   int64_t now = NowNs();
@@ -1182,7 +1205,8 @@ Result<std::unique_ptr<Pool>> Pool::Open(std::unique_ptr<BlockDevice> data,
           return Status::Corruption("device " + std::to_string(r.id.value) +
                                     " reads its parent at a future epoch");
         }
-        it->second->children.push_back(st.get());
+        // A device being collected reads nothing: it is no one's child.
+        if (!(r.flags & DeviceRecord::kDeleting)) it->second->children.push_back(st.get());
       }
       if (!r.name.empty() && st->live() && !(r.flags & DeviceRecord::kDetached)) {
         if (!p.names.emplace(r.name, r.id.value).second) {
@@ -1253,6 +1277,26 @@ Status Pool::Close() {
   if (p.commit_thread.joinable()) p.commit_thread.join();
   if (p.gc_thread.joinable()) p.gc_thread.join();
   if (p.options.read_only) return Status::Ok();
+  {
+    // The collector's queues live in memory: persist them as whole-device
+    // scans for the next open.
+    std::set<uint64_t> devs;
+    {
+      MutexLock l(&p.gc_mu);
+      for (const BlockKey& k : p.gc_candidates) devs.insert(k.dev);
+      devs.insert(p.gc_devices.begin(), p.gc_devices.end());
+      p.gc_candidates.clear();
+    }
+    ReaderLock swap(&p.swap_mu);
+    MutexLock d(&p.devices_mu);
+    for (uint64_t id : devs) {
+      auto it = p.devices.find(id);
+      if (it == p.devices.end()) continue;
+      if (it->second->rec.flags & DeviceRecord::kDeleting) continue;
+      it->second->rec.flags |= DeviceRecord::kGcPending;
+      it->second->dirty.store(true);
+    }
+  }
   THINFS_RETURN_IF_ERROR(p.Commit());
   if (p.failed.load()) return Status::IOError("pool failed earlier: " + p.failure);
   // Frees released by the last commit must reach the disk before the bitmap

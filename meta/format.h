@@ -110,14 +110,14 @@ inline constexpr uint64_t BitmapBodyBytes(uint64_t nr_blocks) { return (nr_block
 //
 // CF "devices": one record per thin device.
 //   key   = device id, u64 big-endian (8 bytes)
-//   value = DeviceValueV1 (88 bytes) || name (name_len bytes, not
+//   value = DeviceValueV1 (96 bytes) || name (name_len bytes, not
 //           NUL-terminated) || checksum u64 = XXH64(key || all preceding
 //           value bytes, seed 0)
 //     DeviceValueV1: version u8 = 1 | has_parent u8 (0/1) | name_len u16
 //     | epoch u32 | id u64 (must equal the key) | size u64 | parent u64
 //     | parent_epoch u32 | flags u32 | mode u32 | uid u32 | gid u32
 //     | reserved u32 = 0 | created_ns i64 | mtime_ns i64 | ctime_ns i64
-//     | atime_ns i64
+//     | atime_ns i64 | mapped_blocks u64
 //
 // CF "map": the versioned block map, one record per (device, vblock, epoch).
 //   key   = device u64 BE | vblock u64 BE | ~epoch u32 BE   (20 bytes)
@@ -217,8 +217,9 @@ struct DeviceValueV1 {
   LeI64 mtime_ns;
   LeI64 ctime_ns;
   LeI64 atime_ns;
+  Le64 mapped_blocks;
 };
-static_assert(sizeof(DeviceValueV1) == 88);
+static_assert(sizeof(DeviceValueV1) == 96);
 static_assert(alignof(DeviceValueV1) == 1);
 inline constexpr size_t kDeviceChecksumSize = 8;
 inline constexpr size_t kMaxDeviceNameSize = 4096;

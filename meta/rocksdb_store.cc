@@ -203,6 +203,7 @@ Result<std::string> EncodeDevice(const DeviceRecord& d) {
   v.mtime_ns.Set(d.mtime_ns);
   v.ctime_ns.Set(d.ctime_ns);
   v.atime_ns.Set(d.atime_ns);
+  v.mapped_blocks.Set(d.mapped_blocks);
   std::string out(reinterpret_cast<const char*>(&v), sizeof v);
   out += d.name;
   dbformat::Le64 sum;
@@ -259,6 +260,7 @@ Result<DeviceRecord> DecodeDevice(const rocksdb::Slice& key, const rocksdb::Slic
   d.mtime_ns = v.mtime_ns.Get();
   d.ctime_ns = v.ctime_ns.Get();
   d.atime_ns = v.atime_ns.Get();
+  d.mapped_blocks = v.mapped_blocks.Get();
   return d;
 }
 

@@ -47,6 +47,12 @@ class ModelRun {
       Step();
       if (::testing::Test::HasFatalFailure()) return;
       Verify();
+      if (gc_every_step_) {
+        // Debugging aid: pins the step that leaves uncollected garbage.
+        ASSERT_OK(f_.pool->RunGcForTesting());
+        committed_ = model_;
+        f_.CheckConsistency(true);
+      }
     }
     ASSERT_OK(f_.pool->RunGcForTesting());
     f_.CheckConsistency(true);
@@ -67,9 +73,21 @@ class ModelRun {
     committed_ = model_;
   }
 
+  void Trace(const std::string& what) {
+    if (trace_) std::fprintf(stderr, "step %llu: %s\n", static_cast<unsigned long long>(step_), what.c_str());
+  }
+
   void Step() {
     uint64_t op = Rand(100);
     std::string d = PickDevice();
+    if (trace_) {
+      std::string tree;
+      for (const auto& i : f_.pool->ListDevices()) {
+        tree += " " + i.name + "#" + std::to_string(i.id.value) + "(e" + std::to_string(i.epoch) +
+                (i.has_parent ? " p" + std::to_string(i.parent.value) + "@" + std::to_string(i.parent_epoch) : "") + ")";
+      }
+      Trace("op " + std::to_string(op) + " on " + d + " tree:" + tree);
+    }
     auto& bytes = model_[d];
     uint64_t size = bytes.size();
     auto vol = f_.pool->OpenVolume(d);
@@ -181,6 +199,8 @@ class ModelRun {
   Model committed_;
   uint64_t counter_ = 0;
   uint64_t step_ = 0;
+  bool trace_ = EnvOr("THINFS_MODEL_TRACE", 0) != 0;
+  bool gc_every_step_ = EnvOr("THINFS_MODEL_GC_EVERY_STEP", 0) != 0;
 };
 
 TEST(PoolModelTest, RandomSequencesMatchTheModel) {

@@ -166,7 +166,32 @@ struct EngineFixture {
       }
     }
     PoolStats st = pool->Stats();
-    EXPECT_EQ(st.used_blocks, visible.size()) << "used blocks differ from what devices see";
+    std::string leaks;
+    auto it2 = store->NewMapIterator();
+    it2->Seek(VolumeId(0), VolumeBlock(0));
+    for (; it2->Valid(); it2->Next()) {
+      const MapEntry& e = it2->entry();
+      if (e.value.tombstone() || visible.count(e.value.block.value)) continue;
+      leaks += " (dev " + std::to_string(e.device.value) + " vblock " +
+               std::to_string(e.vblock.value) + " epoch " + std::to_string(e.epoch) +
+               " -> block " + std::to_string(e.value.block.value) + ")";
+      if (std::getenv("THINFS_MODEL_TRACE")) {  // NOLINT(concurrency-mt-unsafe)
+        for (uint64_t id = 1; id < 64; ++id) {
+          auto vs = store->ListVersions(VolumeId(id), e.vblock);
+          if (!vs.ok() || vs->empty()) continue;
+          std::string line = "  vblock " + std::to_string(e.vblock.value) + " dev " + std::to_string(id) + ":";
+          for (auto& v : *vs) {
+            line += " e" + std::to_string(v.epoch) +
+                    (v.value.tombstone() ? "=T" : "=" + std::to_string(v.value.block.value));
+          }
+          auto info = pool->GetDevice(VolumeId(id));
+          if (info.ok()) line += " size_blocks=" + std::to_string(geometry.BlocksFor(info->size));
+          std::fprintf(stderr, "%s\n", line.c_str());
+        }
+      }
+    }
+    ASSERT_EQ(st.used_blocks, visible.size())
+        << "used blocks differ from what devices see; unseen versions:" << leaks;
   }
 
   Geometry geometry;
