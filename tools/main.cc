@@ -1,12 +1,98 @@
-// thinfs: the command-line tool. Placeholder until the CLI lands.
+// thinfs: the command-line tool. Dispatches to the subcommands in the
+// table below; see tools/cli.h for how to add one.
+
 #include <cstdio>
-#include <cstring>
+#include <exception>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "tools/cli.h"
+
+namespace thinfs::tools {
+
+const std::vector<Command>& Commands() {
+  static const std::vector<Command> kCommands = {
+      {"format", "create a pool (data area, metadata, bitmap)", RunFormat},
+      {"status", "show a pool's geometry, usage and devices", RunStatus},
+      {"check", "verify a pool's metadata (fsck-like exit status)", RunCheck},
+  };
+  return kCommands;
+}
+
+namespace {
+
+void PrintHelp(std::ostream& out) {
+  out << "usage: thinfs [--help] [--version] COMMAND [ARGS...]\n\n"
+         "Thin provisioning and snapshots in user space: a pool holds one\n"
+         "shared data area and the metadata that maps every thin device onto it.\n\n"
+         "Commands:\n";
+  for (const Command& c : Commands()) {
+    out << "  " << c.name << std::string(10 - std::string(c.name).size(), ' ') << c.summary
+        << "\n";
+  }
+  out << "  help      show the usage of a command (thinfs help COMMAND)\n\n"
+         "Run 'thinfs COMMAND --help' for a command's arguments and options.\n\n"
+      << kExitCodesHelp;
+}
+
+const Command* Find(const std::string& name) {
+  for (const Command& c : Commands()) {
+    if (name == c.name) return &c;
+  }
+  return nullptr;
+}
+
+int UnknownCommand(const std::string& name) {
+  std::cerr << "thinfs: unknown command '" << name << "' (see 'thinfs --help')" << std::endl;
+  return kExitUsage;
+}
+
+int Main(const std::vector<std::string>& args) {
+  if (args.empty()) {
+    PrintHelp(std::cerr);
+    return kExitUsage;
+  }
+  const std::string& first = args[0];
+  if (first == "--help" || first == "-h" || (first == "help" && args.size() == 1)) {
+    PrintHelp(std::cout);
+    return kExitOk;
+  }
+  if (first == "--version" || first == "-V") {
+    std::cout << "thinfs " << THINFS_VERSION << std::endl;
+    return kExitOk;
+  }
+  if (first == "help") {
+    if (args.size() > 2) {
+      std::cerr << "thinfs help: expected one command name" << std::endl;
+      return kExitUsage;
+    }
+    const Command* c = Find(args[1]);
+    if (c == nullptr) return UnknownCommand(args[1]);
+    return c->run({"--help"});
+  }
+  if (!first.empty() && first[0] == '-') {
+    std::cerr << "thinfs: unrecognised option '" << first << "' (see 'thinfs --help')"
+              << std::endl;
+    return kExitUsage;
+  }
+  const Command* c = Find(first);
+  if (c == nullptr) return UnknownCommand(first);
+  return c->run(std::vector<std::string>(args.begin() + 1, args.end()));
+}
+
+}  // namespace
+}  // namespace thinfs::tools
 
 int main(int argc, char** argv) {
-  if (argc > 1 && std::strcmp(argv[1], "--version") == 0) {
-    std::printf("thinfs %s\n", THINFS_VERSION);
-    return 0;
+  // Boost.Program_options reports through exceptions; none may escape.
+  try {
+    return thinfs::tools::Main(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const boost::program_options::error& e) {
+    std::cerr << "thinfs: " << e.what() << std::endl;
+    return thinfs::tools::kExitUsage;
+  } catch (const std::exception& e) {
+    std::cerr << "thinfs: " << e.what() << std::endl;
+    return thinfs::tools::kExitFailure;
   }
-  std::fprintf(stderr, "usage: thinfs --version\n");
-  return 1;
 }

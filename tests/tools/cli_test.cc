@@ -1,0 +1,512 @@
+// Runs the built thinfs binary and checks exit codes, stdout and stderr.
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "meta/pool_dir.h"
+#include "tests/tools/json_parser.h"
+#include "tests/util/pool_test_util.h"
+
+namespace thinfs {
+namespace {
+
+using testing::FlipByteOrDie;
+using testing::JsonParser;
+using testing::JsonValue;
+using testing::ReadFileOrDie;
+using testing::TempDir;
+using testing::TreeDigest;
+using testing::WriteFileOrDie;
+
+struct CliRun {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs THINFS_BINARY with `args`, stdin from /dev/null, capturing output.
+CliRun Thinfs(const std::vector<std::string>& args) {
+  TempDir io;
+  const std::string out_path = io.Sub("out"), err_path = io.Sub("err");
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int in = ::open("/dev/null", O_RDONLY);
+    int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (in < 0 || out < 0 || err < 0) ::_exit(127);
+    ::dup2(in, 0);
+    ::dup2(out, 1);
+    ::dup2(err, 2);
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(THINFS_BINARY));
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(THINFS_BINARY, argv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  CliRun r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = ReadFileOrDie(out_path);
+  r.err = ReadFileOrDie(err_path);
+  return r;
+}
+
+std::string Describe(const CliRun& r) {
+  return "exit " + std::to_string(r.exit_code) + "\nstdout:\n" + r.out + "stderr:\n" + r.err;
+}
+
+// A failure reports exactly one line on stderr, "thinfs CMD: ...".
+void ExpectOneLineError(const CliRun& r, const std::string& prefix, const std::string& needle) {
+  EXPECT_EQ(r.err.rfind(prefix, 0), 0u) << Describe(r);
+  ASSERT_FALSE(r.err.empty());
+  EXPECT_EQ(r.err.back(), '\n') << Describe(r);
+  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "more than one line:\n" << Describe(r);
+  EXPECT_NE(r.err.find(needle), std::string::npos) << "want '" << needle << "'\n" << Describe(r);
+}
+
+JsonValue ParseJson(const std::string& text) {
+  std::string error;
+  std::optional<JsonValue> v = JsonParser::Parse(text, &error);
+  EXPECT_TRUE(v.has_value()) << error << ":\n" << text;
+  return v.value_or(JsonValue());
+}
+
+void FormatOrDie(const std::string& pool, const std::string& size = "16M") {
+  CliRun r = Thinfs({"format", pool, "--size", size});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+}
+
+struct CommandSpec {
+  const char* name;
+  std::vector<const char*> options;  // every option --help must list
+};
+const CommandSpec kCommands[] = {
+    {"format", {"--size", "--block-size", "--data", "--force", "--json", "--help"}},
+    {"status", {"--json", "--help"}},
+    {"check", {"--json", "--read-only", "--help"}},
+};
+
+// The byte of the bitmap header to damage: inside the checksummed header,
+// outside the magic.
+constexpr uint64_t kBitmapHeaderByte = testing::kBitmapHeaderFlipOffsetForTesting;
+
+// ----------------------------------------------------------- global options
+
+TEST(CliTest, Version) {
+  CliRun r = Thinfs({"--version"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.out.rfind("thinfs ", 0), 0u) << r.out;
+  EXPECT_TRUE(r.out.size() > 7 && std::isdigit(static_cast<unsigned char>(r.out[7]))) << r.out;
+  EXPECT_TRUE(r.err.empty());
+}
+
+TEST(CliTest, HelpListsEveryCommand) {
+  for (const char* flag : {"--help", "-h", "help"}) {
+    CliRun r = Thinfs({flag});
+    EXPECT_EQ(r.exit_code, 0) << flag;
+    for (const CommandSpec& c : kCommands) {
+      EXPECT_NE(r.out.find(std::string("  ") + c.name + " "), std::string::npos)
+          << c.name << "\n" << r.out;
+    }
+    EXPECT_NE(r.out.find("Exit status"), std::string::npos);
+  }
+}
+
+TEST(CliTest, NoArgumentsIsAUsageError) {
+  CliRun r = Thinfs({});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("usage: thinfs"), std::string::npos);
+}
+
+TEST(CliTest, UnknownCommandOrOption) {
+  CliRun r = Thinfs({"frobnicate"});
+  EXPECT_EQ(r.exit_code, 1);
+  ExpectOneLineError(r, "thinfs: ", "unknown command 'frobnicate'");
+  r = Thinfs({"--frobnicate"});
+  EXPECT_EQ(r.exit_code, 1);
+  ExpectOneLineError(r, "thinfs: ", "'--frobnicate'");
+  r = Thinfs({"help", "frobnicate"});
+  EXPECT_EQ(r.exit_code, 1);
+  ExpectOneLineError(r, "thinfs: ", "unknown command 'frobnicate'");
+}
+
+// ------------------------------------------- the same checks for every command
+
+TEST(CliTest, EveryCommandHasHelp) {
+  for (const CommandSpec& c : kCommands) {
+    for (const std::vector<std::string>& args :
+         {std::vector<std::string>{c.name, "--help"}, std::vector<std::string>{"help", c.name},
+          std::vector<std::string>{c.name, "-h"}}) {
+      CliRun r = Thinfs(args);
+      EXPECT_EQ(r.exit_code, 0) << c.name << "\n" << Describe(r);
+      EXPECT_EQ(r.out.rfind(std::string("usage: thinfs ") + c.name + " POOL", 0), 0u) << r.out;
+      for (const char* option : c.options) {
+        EXPECT_NE(r.out.find(option), std::string::npos) << c.name << " lacks " << option;
+      }
+      EXPECT_NE(r.out.find("Exit status"), std::string::npos) << r.out;
+      EXPECT_TRUE(r.err.empty()) << r.err;
+    }
+  }
+}
+
+TEST(CliTest, EveryCommandRejectsABadOption) {
+  TempDir tmp;
+  for (const CommandSpec& c : kCommands) {
+    CliRun r = Thinfs({c.name, tmp.Sub("pool"), "--no-such-option"});
+    EXPECT_EQ(r.exit_code, 1) << Describe(r);
+    ExpectOneLineError(r, std::string("thinfs ") + c.name + ": ", "--no-such-option");
+    EXPECT_FALSE(testing::TreeDigest(tmp.path()).count("pool")) << "nothing created";
+  }
+}
+
+TEST(CliTest, EveryCommandNeedsAPool) {
+  for (const CommandSpec& c : kCommands) {
+    CliRun r = Thinfs({c.name});
+    EXPECT_EQ(r.exit_code, 1) << Describe(r);
+    ExpectOneLineError(r, std::string("thinfs ") + c.name + ": ", "missing POOL argument");
+  }
+}
+
+TEST(CliTest, EveryCommandOnAMissingPool) {
+  TempDir tmp;
+  const std::string pool = tmp.Sub("absent");
+
+  CliRun r = Thinfs({"status", pool});
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  ExpectOneLineError(r, "thinfs status: ", "pool " + pool + " does not exist");
+
+  r = Thinfs({"check", pool});
+  EXPECT_EQ(r.exit_code, 8) << Describe(r);
+  ExpectOneLineError(r, "thinfs check: ", "pool " + pool + " does not exist");
+
+  // format of a missing pool needs its parent.
+  r = Thinfs({"format", tmp.Sub("no/such/parent"), "--size", "1M"});
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  ExpectOneLineError(r, "thinfs format: ", "create pool directory " + tmp.Sub("no/such/parent"));
+
+  // A directory that is not a pool is "missing" too, and stays untouched.
+  r = Thinfs({"status", tmp.path()});
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  ExpectOneLineError(r, "thinfs status: ", "is not a thinfs pool");
+  r = Thinfs({"check", tmp.path()});
+  EXPECT_EQ(r.exit_code, 8) << Describe(r);
+  ExpectOneLineError(r, "thinfs check: ", "is not a thinfs pool");
+  EXPECT_EQ(TreeDigest(tmp.path()).size(), 1u) << "nothing created";
+}
+
+TEST(CliTest, EveryCommandOnACorruptedBitmap) {
+  TempDir tmp;
+  const std::string pool = tmp.Sub("pool");
+  FormatOrDie(pool);
+  FlipByteOrDie(pool + "/bitmap", kBitmapHeaderByte);
+
+  CliRun r = Thinfs({"status", pool});
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  ExpectOneLineError(r, "thinfs status: ", "bitmap " + pool + "/bitmap");
+  EXPECT_NE(r.err.find("checksum"), std::string::npos) << r.err;
+
+  for (const char* ro : {"--read-only", ""}) {
+    std::vector<std::string> args = {"check", pool};
+    if (*ro) args.push_back(ro);
+    r = Thinfs(args);
+    EXPECT_EQ(r.exit_code, 4) << Describe(r);
+    EXPECT_NE(r.out.find("error: bitmap " + pool + "/bitmap"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("checksum"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("errors left uncorrected"), std::string::npos) << r.out;
+  }
+
+  r = Thinfs({"check", pool, "--json", "--read-only"});
+  EXPECT_EQ(r.exit_code, 4) << Describe(r);
+  JsonValue v = ParseJson(r.out);
+  ASSERT_EQ(v.type, JsonValue::Type::kObject);
+  EXPECT_FALSE(v["clean"].boolean);
+  ASSERT_EQ(v["errors"].array.size(), 1u) << r.out;
+  EXPECT_NE(v["errors"].array[0].string.find("checksum"), std::string::npos);
+
+  // format refuses the damaged pool unless forced, then repairs it by
+  // starting over.
+  const auto before = TreeDigest(pool);
+  r = Thinfs({"format", pool, "--size", "16M"});
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  ExpectOneLineError(r, "thinfs format: ", "already a thinfs pool");
+  EXPECT_EQ(TreeDigest(pool), before);
+  r = Thinfs({"format", pool, "--size", "16M", "--force"});
+  EXPECT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_EQ(Thinfs({"check", pool}).exit_code, 0);
+}
+
+// ------------------------------------------------------------------- format
+
+TEST(CliFormatTest, PrintsASummary) {
+  TempDir tmp;
+  const std::string pool = tmp.Sub("pool");
+  CliRun r = Thinfs({"format", pool, "--size", "10M", "--block-size", "12k"});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_NE(r.out.find("formatted pool " + pool), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("block size:  12 KiB"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("blocks:      853"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("uuid:"), std::string::npos) << r.out;
+  EXPECT_TRUE(r.err.empty()) << r.err;
+}
+
+TEST(CliFormatTest, JsonSummary) {
+  TempDir tmp;
+  const std::string pool = tmp.Sub("pool");
+  CliRun r = Thinfs({"format", pool, "--size", "1G", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  JsonValue v = ParseJson(r.out);
+  EXPECT_EQ(v["pool"].string, pool);
+  EXPECT_EQ(v["data_path"].string, pool + "/data");
+  EXPECT_EQ(v["data_bytes"].AsUint(), uint64_t{1} << 30);
+  EXPECT_EQ(v["block_size"].AsUint(), 65536u);
+  EXPECT_EQ(v["data_blocks"].AsUint(), 16384u);
+  EXPECT_EQ(v["uuid"].string.size(), 36u);
+}
+
+TEST(CliFormatTest, BadSizesAreUsageErrors) {
+  TempDir tmp;
+  const std::string pool = tmp.Sub("pool");
+  struct Case {
+    std::vector<std::string> args;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {{"--size", "0"}, "size must not be zero"},
+      {{"--size", "12abc"}, "--size: invalid size '12abc': unknown suffix 'abc'"},
+      {{"--size", "lots"}, "--size: invalid size 'lots'"},
+      {{"--size", "1.5G"}, "fractional"},
+      {{"--size=-1G"}, "negative size"},
+      {{"--size", "99999999999999999999"}, "does not fit in 64 bits"},
+      {{"--size", "16K"}, "smaller than one block"},
+      {{"--size", "1G", "--block-size", "5000"}, "multiple of 4 KiB (got 5000)"},
+      {{"--size", "4G", "--block-size", "2G"}, "at most 1 GiB"},
+      {{"--size", "1G", "--block-size", "0"}, "block size must not be zero"},
+      {{}, "--size is required"},
+      {{"--size"}, "--size"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {"format", pool};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    CliRun r = Thinfs(args);
+    EXPECT_EQ(r.exit_code, 1) << Describe(r);
+    ExpectOneLineError(r, "thinfs format: ", c.needle);
+    struct stat st;
+    EXPECT_NE(::stat(pool.c_str(), &st), 0) << "nothing may be created";
+  }
+}
+
+TEST(CliFormatTest, ExistingPoolIsRefusedUnchanged) {
+  TempDir tmp;
+  const std::string pool = tmp.Sub("pool");
+  FormatOrDie(pool);
+  const auto before = TreeDigest(pool);
+  CliRun r = Thinfs({"format", pool, "--size", "32M"});
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  ExpectOneLineError(r, "thinfs format: ", pool + " is already a thinfs pool (use --force");
+  EXPECT_EQ(TreeDigest(pool), before);
+}
+
+TEST(CliFormatTest, NonPoolDirectoryIsRefusedUnchanged) {
+  TempDir tmp;
+  WriteFileOrDie(tmp.Sub("notes.txt"), "mine");
+  const auto before = TreeDigest(tmp.path());
+  CliRun r = Thinfs({"format", tmp.path(), "--size", "1M"});
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  ExpectOneLineError(r, "thinfs format: ", "is not empty and is not a thinfs pool");
+  EXPECT_EQ(TreeDigest(tmp.path()), before);
+}
+
+TEST(CliFormatTest, UnwritableDirectory) {
+  // Not even root may create directories in /proc.
+  CliRun r = Thinfs({"format", "/proc/thinfs-cli-test", "--size", "1M"});
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  ExpectOneLineError(r, "thinfs format: ", "create pool directory /proc/thinfs-cli-test");
+  // A path below a regular file cannot be created either.
+  TempDir tmp;
+  WriteFileOrDie(tmp.Sub("file"), "");
+  r = Thinfs({"format", tmp.Sub("file/pool"), "--size", "1M"});
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  ExpectOneLineError(r, "thinfs format: ", "Not a directory");
+}
+
+TEST(CliFormatTest, LockedPoolIsNeverReformatted) {
+  TempDir tmp;
+  const std::string pool = tmp.Sub("pool");
+  FormatOrDie(pool);
+  Result<meta::PoolLock> lock = meta::PoolLock::Acquire(pool + "/lock");
+  ASSERT_TRUE(lock.ok()) << lock.status().ToString();
+  const auto before = TreeDigest(pool);
+  const std::string holder = "in use by process " + std::to_string(::getpid());
+
+  CliRun r = Thinfs({"format", pool, "--size", "32M", "--force"});
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  ExpectOneLineError(r, "thinfs format: ", holder);
+  EXPECT_EQ(TreeDigest(pool), before);
+
+  r = Thinfs({"status", pool});
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  ExpectOneLineError(r, "thinfs status: ", holder);
+  r = Thinfs({"check", pool});
+  EXPECT_EQ(r.exit_code, 8) << Describe(r);
+  ExpectOneLineError(r, "thinfs check: ", holder);
+  EXPECT_EQ(TreeDigest(pool), before);
+}
+
+TEST(CliFormatTest, DataOnAnExistingFile) {
+  TempDir tmp;
+  const std::string backing = tmp.Sub("backing.img");
+  WriteFileOrDie(backing, "");
+  ASSERT_EQ(::truncate(backing.c_str(), 8 << 20), 0);
+  const std::string pool = tmp.Sub("pool");
+  CliRun r = Thinfs({"format", pool, "--size", "16M", "--data", backing});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  ExpectOneLineError(r, "thinfs format: ", "exceeds the 8388608 bytes of " + backing);
+  r = Thinfs({"format", pool, "--size", "8M", "--data", backing, "--json"});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_EQ(ParseJson(r.out)["data_path"].string, backing);
+  r = Thinfs({"status", pool, "--json"});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_EQ(ParseJson(r.out)["data_path"].string, backing);
+}
+
+// Not a benchmark: proves a big sparse pool is cheap, and prints the figures.
+TEST(CliFormatTest, OneTebibyteSparsePool) {
+  TempDir tmp;
+  const std::string pool = tmp.Sub("pool");
+  auto start = std::chrono::steady_clock::now();
+  CliRun r = Thinfs({"format", pool, "--size", "1T", "--block-size", "64K"});
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+
+  uint64_t allocated = 0, apparent = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(pool)) {
+    struct stat st;
+    ASSERT_EQ(::lstat(entry.path().c_str(), &st), 0);
+    allocated += static_cast<uint64_t>(st.st_blocks) * 512;
+    apparent += static_cast<uint64_t>(st.st_size);
+  }
+  std::printf("format 1 TiB / 64 KiB blocks: %.3f s wall, du %.2f MiB, apparent %.2f GiB\n",
+              secs, static_cast<double>(allocated) / (1 << 20),
+              static_cast<double>(apparent) / (1 << 30));
+  EXPECT_GE(apparent, uint64_t{1} << 40);
+  // The 16 Mi-block bitmap is 2 MiB; RocksDB adds a little.
+  EXPECT_LT(allocated, uint64_t{32} << 20);
+
+  r = Thinfs({"status", pool, "--json"});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_EQ(ParseJson(r.out)["data_blocks"].AsUint(), uint64_t{1} << 24);
+}
+
+// ------------------------------------------------------------------- status
+
+TEST(CliStatusTest, JsonHasTheKeys) {
+  TempDir tmp;
+  const std::string pool = tmp.Sub("pool");
+  FormatOrDie(pool, "64M");
+  CliRun r = Thinfs({"status", pool, "--json"});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  JsonValue v = ParseJson(r.out);
+  ASSERT_EQ(v.type, JsonValue::Type::kObject) << r.out;
+  for (const char* key : {"pool", "uuid", "created", "created_ns", "data_path", "data_bytes",
+                          "block_size", "data_blocks", "used_blocks", "free_blocks", "devices",
+                          "transaction_id", "bitmap_clean"}) {
+    EXPECT_TRUE(v.Has(key)) << key << " missing: " << r.out;
+  }
+  EXPECT_EQ(v["block_size"].AsUint(), 65536u);
+  EXPECT_EQ(v["data_blocks"].AsUint(), 1024u);
+  EXPECT_EQ(v["free_blocks"].AsUint(), 1024u);
+  EXPECT_EQ(v["used_blocks"].AsUint(), 0u);
+  EXPECT_EQ(v["devices"].AsUint(), 0u);
+  EXPECT_EQ(v["transaction_id"].AsUint(), 0u);
+  EXPECT_TRUE(v["bitmap_clean"].boolean);
+  EXPECT_EQ(v["data_path"].string, pool + "/data");
+  EXPECT_EQ(v["created"].string.size(), 20u) << v["created"].string;
+}
+
+TEST(CliStatusTest, Text) {
+  TempDir tmp;
+  const std::string pool = tmp.Sub("pool");
+  FormatOrDie(pool, "64M");
+  CliRun r = Thinfs({"status", pool});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_NE(r.out.find("block size:      64 KiB"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("data size:       64 MiB (1024 blocks)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("used:            0 blocks (0 B, 0.00%)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("devices:         0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("bitmap:          clean"), std::string::npos) << r.out;
+}
+
+// -------------------------------------------------------------------- check
+
+TEST(CliCheckTest, FreshPoolIsClean) {
+  TempDir tmp;
+  const std::string pool = tmp.Sub("pool");
+  FormatOrDie(pool);
+  CliRun r = Thinfs({"check", pool});
+  EXPECT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_NE(r.out.find(": clean"), std::string::npos) << r.out;
+  r = Thinfs({"check", pool, "--json", "--read-only"});
+  EXPECT_EQ(r.exit_code, 0) << Describe(r);
+  JsonValue v = ParseJson(r.out);
+  EXPECT_TRUE(v["clean"].boolean);
+  EXPECT_TRUE(v["errors"].array.empty());
+  EXPECT_TRUE(v["warnings"].array.empty()) << r.out;
+  EXPECT_EQ(v["mappings"].AsUint(), 0u);
+}
+
+TEST(CliCheckTest, ReadOnlyCheckWritesNothing) {
+  TempDir tmp;
+  const std::string pool = tmp.Sub("pool");
+  FormatOrDie(pool);
+  // The lock file records (then forgets) the checker's PID; everything
+  // else must be left byte for byte.
+  auto before = TreeDigest(pool);
+  before.erase("lock");
+  before.erase(".");
+  CliRun r = Thinfs({"check", pool, "--read-only"});
+  EXPECT_EQ(r.exit_code, 0) << Describe(r);
+  auto after = TreeDigest(pool);
+  after.erase("lock");
+  after.erase(".");
+  EXPECT_EQ(after, before);
+}
+
+TEST(CliCheckTest, TruncatedDataArea) {
+  TempDir tmp;
+  const std::string pool = tmp.Sub("pool");
+  FormatOrDie(pool, "16M");
+  ASSERT_EQ(::truncate((pool + "/data").c_str(), 1 << 20), 0);
+  CliRun r = Thinfs({"check", pool});
+  EXPECT_EQ(r.exit_code, 4) << Describe(r);
+  EXPECT_NE(r.out.find("error: data area " + pool + "/data holds 1048576 bytes"),
+            std::string::npos)
+      << r.out;
+  r = Thinfs({"status", pool});
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  ExpectOneLineError(r, "thinfs status: ", "holds 1048576 bytes");
+}
+
+TEST(CliCheckTest, MissingMetadataStore) {
+  TempDir tmp;
+  const std::string pool = tmp.Sub("pool");
+  FormatOrDie(pool);
+  std::filesystem::remove_all(pool + "/meta");
+  CliRun r = Thinfs({"check", pool});
+  EXPECT_EQ(r.exit_code, 4) << Describe(r);
+  EXPECT_NE(r.out.find("error: metadata store " + pool + "/meta"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace thinfs

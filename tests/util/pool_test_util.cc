@@ -1,0 +1,105 @@
+#include "tests/util/pool_test_util.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "core/check.h"
+
+namespace thinfs::testing {
+
+namespace stdfs = std::filesystem;
+
+TempDir::TempDir() {
+  char tmpl[] = "/tmp/thinfs-test-XXXXXX";
+  THINFS_CHECK(::mkdtemp(tmpl) != nullptr);
+  path_ = tmpl;
+}
+
+TempDir::~TempDir() {
+  // Tests may leave read-only modes behind; root ignores them anyway.
+  std::error_code ec;
+  stdfs::remove_all(path_, ec);
+}
+
+std::map<std::string, std::string> TreeDigest(const std::string& root) {
+  std::map<std::string, std::string> out;
+  struct stat root_st;
+  THINFS_CHECK(::stat(root.c_str(), &root_st) == 0);
+  out["."] = "mtime " + std::to_string(root_st.st_mtim.tv_sec) + "." +
+             std::to_string(root_st.st_mtim.tv_nsec);
+  for (auto it = stdfs::recursive_directory_iterator(root); it != stdfs::end(it); ++it) {
+    const std::string path = it->path().string();
+    struct stat st;
+    THINFS_CHECK(::lstat(path.c_str(), &st) == 0);
+    std::ostringstream d;
+    d << std::oct << st.st_mode << std::dec << " " << st.st_size;
+    if (S_ISLNK(st.st_mode)) {
+      d << " -> " << stdfs::read_symlink(it->path()).string();
+    } else {
+      d << " mtime " << st.st_mtim.tv_sec << "." << st.st_mtim.tv_nsec;
+    }
+    if (S_ISREG(st.st_mode)) {
+      // Sparse data files may be large: hash what is there, in chunks.
+      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      THINFS_CHECK(fd >= 0);
+      XXH64_state_t* h = XXH64_createState();
+      XXH64_reset(h, 0);
+      std::string buf(1 << 20, '\0');
+      off_t pos = 0;
+      while (true) {
+        // Skip holes so a 1 TiB sparse file hashes quickly.
+        off_t data = ::lseek(fd, pos, SEEK_DATA);
+        if (data < 0) break;
+        off_t hole = ::lseek(fd, data, SEEK_HOLE);
+        XXH64_update(h, &data, sizeof data);
+        for (off_t p = data; p < hole;) {
+          ssize_t n = ::pread(fd, buf.data(), buf.size(), p);
+          THINFS_CHECK(n > 0);
+          XXH64_update(h, buf.data(), static_cast<size_t>(n));
+          p += n;
+        }
+        pos = hole;
+      }
+      d << " xxh64 " << std::hex << XXH64_digest(h);
+      XXH64_freeState(h);
+      ::close(fd);
+    }
+    out[stdfs::relative(it->path(), root).string()] = d.str();
+  }
+  return out;
+}
+
+std::string ReadFileOrDie(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  THINFS_CHECK(in.good());
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void WriteFileOrDie(const std::string& path, const std::string& content) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  THINFS_CHECK(out.good());
+  out << content;
+  THINFS_CHECK(out.good());
+}
+
+void FlipByteOrDie(const std::string& path, uint64_t offset) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  THINFS_CHECK(fd >= 0);
+  unsigned char c = 0;
+  THINFS_CHECK(::pread(fd, &c, 1, static_cast<off_t>(offset)) == 1);
+  c ^= 0xff;
+  THINFS_CHECK(::pwrite(fd, &c, 1, static_cast<off_t>(offset)) == 1);
+  ::close(fd);
+}
+
+}  // namespace thinfs::testing

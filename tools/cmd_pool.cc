@@ -1,0 +1,187 @@
+// Pool commands: format, status.
+
+#include <unistd.h>
+
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "core/size.h"
+#include "meta/pool_dir.h"
+#include "tools/cli.h"
+#include "tools/json.h"
+
+namespace thinfs::tools {
+
+namespace {
+
+// Where the data lives: the symlink target for `format --data`, else the
+// pool's own file.
+std::string DataPathOf(const meta::PoolPaths& paths) {
+  char buf[4096];
+  ssize_t n = ::readlink(paths.data.c_str(), buf, sizeof buf);
+  if (n > 0 && static_cast<size_t>(n) < sizeof buf) return std::string(buf, static_cast<size_t>(n));
+  return paths.data;
+}
+
+std::string Percent(uint64_t part, uint64_t whole) {
+  if (whole == 0) return "0%";
+  uint64_t hundredths = static_cast<uint64_t>(
+      static_cast<unsigned __int128>(part) * 10000 / whole);
+  std::string frac = std::to_string(hundredths % 100);
+  if (frac.size() < 2) frac = "0" + frac;
+  return std::to_string(hundredths / 100) + "." + frac + "%";
+}
+
+}  // namespace
+
+int RunFormat(const std::vector<std::string>& args) {
+  CommandLine cl("format", "POOL --size SIZE [--block-size SIZE] [--data PATH] [--force] [--json]",
+                 "Creates a pool in the directory POOL (created if missing): a data area,\n"
+                 "the metadata store POOL/meta/ and the allocation bitmap POOL/bitmap.\n"
+                 "Without --data the data area is the sparse file POOL/data, which takes\n"
+                 "no space until blocks are written.");
+  cl.Positional("POOL", "pool directory");
+  cl.AddOptions()
+      ("size", po::value<std::string>()->value_name("SIZE"),
+       "data area size (required), rounded down to whole blocks; binary suffixes "
+       "K M G T P (or KiB...), e.g. 10G")
+      ("block-size", po::value<std::string>()->value_name("SIZE")->default_value("64K"),
+       "block size: a multiple of 4K from 4K to 1G (powers of two are fastest)")
+      ("data", po::value<std::string>()->value_name("PATH"),
+       "use this existing block device or regular file as the data area "
+       "(POOL/data becomes a symlink to it); it must hold SIZE bytes")
+      ("force", po::bool_switch(),
+       "reformat an existing pool (its data is lost), or format into a non-empty "
+       "directory; a pool in use is never reformatted")
+      ("json", po::bool_switch(), "print the summary as JSON");
+  cl.SetEpilog(
+      "Example:\n"
+      "  thinfs format /srv/pool --size 1T --block-size 64K\n"
+      "  thinfs format /srv/pool --size 100G --data /dev/vg0/thindata\n");
+  if (std::optional<int> code = cl.Parse(args)) return *code;
+  if (!cl.Has("size")) return cl.Fail(kExitUsage, "--size is required (see 'thinfs format --help')");
+
+  meta::FormatOptions options;
+  std::optional<uint64_t> size = cl.SizeOption("size");
+  if (!size) return kExitUsage;
+  std::optional<uint64_t> block_size = cl.SizeOption("block-size");
+  if (!block_size) return kExitUsage;
+  options.size = *size;
+  options.block_size = *block_size;
+  if (cl.Has("data")) options.data_path = cl.Get<std::string>("data");
+  options.force = cl.Get<bool>("force");
+
+  const std::string& pool = cl.Arg(0);
+  Status s = meta::FormatPool(pool, options);
+  if (!s.ok()) return cl.Fail(s);
+
+  // Reopening shows what was really written, and proves it opens.
+  meta::OpenOptions open_options;
+  open_options.read_only = true;
+  Result<meta::PoolFiles> files = meta::OpenPoolFiles(pool, open_options);
+  if (!files.ok()) return cl.Fail(kExitFailure, "formatted, but reopening failed: " +
+                                                    files.status().message());
+  const Superblock& sb = files->superblock;
+  const uint64_t data_bytes = sb.data_blocks * sb.block_size;
+  const std::string data_path = DataPathOf(files->paths);
+  const std::string uuid = meta::FormatUuid(sb.uuid);
+  if (cl.Get<bool>("json")) {
+    JsonWriter j;
+    j.BeginObject()
+        .Key("pool").String(files->paths.root)
+        .Key("data_path").String(data_path)
+        .Key("data_bytes").Uint(data_bytes)
+        .Key("block_size").Uint(sb.block_size)
+        .Key("data_blocks").Uint(sb.data_blocks)
+        .Key("uuid").String(uuid)
+        .EndObject();
+    std::cout << j.str() << std::endl;
+  } else {
+    std::cout << "formatted pool " << files->paths.root << "\n"
+              << "  data:        " << data_path << "\n"
+              << "  data size:   " << FormatSize(data_bytes) << " (" << data_bytes
+              << " bytes)\n"
+              << "  block size:  " << FormatSize(sb.block_size) << "\n"
+              << "  blocks:      " << sb.data_blocks << "\n"
+              << "  uuid:        " << uuid << std::endl;
+  }
+  return kExitOk;
+}
+
+int RunStatus(const std::vector<std::string>& args) {
+  CommandLine cl("status", "POOL [--json]",
+                 "Shows a pool's geometry, space usage, device count and transaction id.\n"
+                 "Opens the pool read-only; fails while another process holds it.");
+  cl.Positional("POOL", "pool directory");
+  cl.AddOptions()("json", po::bool_switch(), "print one JSON object");
+  cl.SetEpilog(
+      "JSON keys: pool, uuid, created, created_ns, data_path, data_bytes, block_size,\n"
+      "data_blocks, used_blocks, free_blocks, devices, transaction_id, bitmap_clean.\n\n"
+      "Example:\n"
+      "  thinfs status /srv/pool --json\n");
+  if (std::optional<int> code = cl.Parse(args)) return *code;
+
+  meta::OpenOptions open_options;
+  open_options.read_only = true;
+  Result<meta::PoolFiles> files = meta::OpenPoolFiles(cl.Arg(0), open_options);
+  if (!files.ok()) return cl.Fail(kExitFailure, files.status().message());
+  Result<std::vector<DeviceRecord>> devices = files->store->LoadDevices();
+  if (!devices.ok()) return cl.Fail(kExitFailure, "device table: " + devices.status().message());
+  // Hidden, deleting and detached devices have no name in the mount.
+  constexpr uint32_t kInvisible =
+      DeviceRecord::kHidden | DeviceRecord::kDeleting | DeviceRecord::kDetached;
+  uint64_t visible = 0;
+  for (const DeviceRecord& d : *devices) {
+    if ((d.flags & kInvisible) == 0) ++visible;
+  }
+
+  const Superblock& sb = files->superblock;
+  const uint64_t total = files->bitmap->total_blocks();
+  const uint64_t free_blocks = files->bitmap->free_blocks();
+  const uint64_t used = total - free_blocks;
+  const uint64_t data_bytes = sb.data_blocks * sb.block_size;
+  const std::string data_path = DataPathOf(files->paths);
+  const std::string uuid = meta::FormatUuid(sb.uuid);
+  const bool clean = files->bitmap->was_clean();
+
+  if (cl.Get<bool>("json")) {
+    JsonWriter j;
+    j.BeginObject()
+        .Key("pool").String(files->paths.root)
+        .Key("uuid").String(uuid)
+        .Key("created").String(FormatTime(sb.created_ns))
+        .Key("created_ns").Int(sb.created_ns)
+        .Key("data_path").String(data_path)
+        .Key("data_bytes").Uint(data_bytes)
+        .Key("block_size").Uint(sb.block_size)
+        .Key("data_blocks").Uint(sb.data_blocks)
+        .Key("used_blocks").Uint(used)
+        .Key("free_blocks").Uint(free_blocks)
+        .Key("devices").Uint(visible)
+        .Key("transaction_id").Uint(sb.transaction_id)
+        .Key("bitmap_clean").Bool(clean)
+        .EndObject();
+    std::cout << j.str() << std::endl;
+    return kExitOk;
+  }
+  std::cout << "pool:            " << files->paths.root << "\n"
+            << "uuid:            " << uuid << "\n"
+            << "created:         " << FormatTime(sb.created_ns) << "\n"
+            << "data:            " << data_path << "\n"
+            << "block size:      " << FormatSize(sb.block_size) << "\n"
+            << "data size:       " << FormatSize(data_bytes) << " (" << sb.data_blocks
+            << " blocks)\n"
+            << "used:            " << used << " blocks (" << FormatSize(used * sb.block_size)
+            << ", " << Percent(used, total) << ")\n"
+            << "free:            " << free_blocks << " blocks ("
+            << FormatSize(free_blocks * sb.block_size) << ")\n"
+            << "devices:         " << visible << "\n"
+            << "transaction id:  " << sb.transaction_id << "\n"
+            << "bitmap:          "
+            << (clean ? "clean" : "not closed cleanly (may over-report used blocks)")
+            << std::endl;
+  return kExitOk;
+}
+
+}  // namespace thinfs::tools
