@@ -558,28 +558,35 @@ struct Pool::Impl {
   // being mapped), or nullopt.
   // REQUIRES: vol.io_mu held.
   Result<std::optional<uint64_t>> NextCandidate(const VolumeState& vol, uint64_t b) {
-    std::optional<uint64_t> best;
-    auto it = store->NewMapIterator();
+    // The overlay is read before the store: an edit leaves the overlay only
+    // after it is in the store, so one of the two always shows it (the
+    // other order can miss an edit a commit moves in between).
+    std::vector<std::pair<const VolumeState*, uint64_t>> chain;  // device, limit
     uint64_t limit = UINT64_MAX;  // blocks of this ancestor that are reachable
     for (const VolumeState* st = &vol; st != nullptr && b < limit; st = st->parent.get()) {
-      it->Seek(st->id, VolumeBlock(b));
-      THINFS_RETURN_IF_ERROR(it->status());
-      if (it->Valid() && it->entry().device == st->id) {
-        uint64_t k = it->entry().vblock.value;
-        if (k < limit && (!best || k < *best)) best = k;
-      }
-      if (overlay_keys.load() != 0) {
-        for (Shard& s : shards) {
-          MutexLock l(&s.mu);
+      chain.emplace_back(st, limit);
+      limit = std::min(limit, st->parent_limit.load());
+    }
+    std::optional<uint64_t> best;
+    auto consider = [&](uint64_t k, uint64_t lim) {
+      if (k < lim && (!best || k < *best)) best = k;
+    };
+    if (overlay_keys.load() != 0) {
+      for (Shard& s : shards) {
+        MutexLock l(&s.mu);
+        for (const auto& [st, lim] : chain) {
           for (auto* m : {&s.active, &s.frozen}) {
             auto i = m->lower_bound(BlockKey{st->id.value, b});
-            if (i != m->end() && i->first.dev == st->id.value && i->first.vblock < limit) {
-              if (!best || i->first.vblock < *best) best = i->first.vblock;
-            }
+            if (i != m->end() && i->first.dev == st->id.value) consider(i->first.vblock, lim);
           }
         }
       }
-      limit = std::min(limit, st->parent_limit.load());
+    }
+    auto it = store->NewMapIterator();
+    for (const auto& [st, lim] : chain) {
+      it->Seek(st->id, VolumeBlock(b));
+      THINFS_RETURN_IF_ERROR(it->status());
+      if (it->Valid() && it->entry().device == st->id) consider(it->entry().vblock.value, lim);
     }
     return best;
   }
