@@ -109,7 +109,8 @@ std::string FormatSize(uint64_t bytes) {
   const uint64_t whole = bytes >> shift;
   const uint64_t rem = shift == 0 ? 0 : bytes & ((uint64_t{1} << shift) - 1);
   // rem < 2^60, so rem * 100 fits only in 128 bits.
-  const auto hundredths = static_cast<uint64_t>((static_cast<unsigned __int128>(rem) * 100) >> shift);
+  const auto hundredths =
+      static_cast<uint64_t>((static_cast<unsigned __int128>(rem) * 100) >> shift);
   std::string out = std::to_string(whole);
   if (hundredths != 0) {
     out += '.';

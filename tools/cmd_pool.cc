@@ -60,7 +60,9 @@ int RunFormat(const std::vector<std::string>& args) {
       "  thinfs format /srv/pool --size 1T --block-size 64K\n"
       "  thinfs format /srv/pool --size 100G --data /dev/vg0/thindata\n");
   if (std::optional<int> code = cl.Parse(args)) return *code;
-  if (!cl.Has("size")) return cl.Fail(kExitUsage, "--size is required (see 'thinfs format --help')");
+  if (!cl.Has("size")) {
+    return cl.Fail(kExitUsage, "--size is required (see 'thinfs format --help')");
+  }
 
   meta::FormatOptions options;
   std::optional<uint64_t> size = cl.SizeOption("size");
