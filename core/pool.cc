@@ -775,7 +775,10 @@ struct Pool::Impl {
       // Every version is gone from the store now; drop the record.
       auto it = store->NewMapIterator();
       it->Seek(vol->id, VolumeBlock(0));
-      if (it->Valid() && it->entry().device == vol->id) return Status::Ok();  // next pass
+      if (it->Valid() && it->entry().device == vol->id) {
+        ScheduleGc(id);  // something appeared meanwhile: another pass
+        return Status::Ok();
+      }
       MutexLock d(&devices_mu);
       devices.erase(id);
       deleted_records.push_back(vol->id);
@@ -1725,6 +1728,17 @@ PoolStats Pool::Stats() const {
 const Geometry& Pool::geometry() const { return impl_->geometry; }
 MetadataStore* Pool::store() { return impl_->store.get(); }
 SpaceMap* Pool::space_map() { return impl_->space.get(); }
+
+Result<std::optional<PoolBlock>> Pool::MappedBlockForTesting(VolumeId id, uint64_t vblock) {
+  Impl& p = *impl_;
+  std::shared_ptr<VolumeState> st = p.FindById(id.value);
+  if (!st) return Status::NotFound("no device " + std::to_string(id.value));
+  ReaderLock io(&st->io_mu);
+  ReaderLock stripe(&p.Stripe(st->id, vblock));
+  THINFS_ASSIGN_OR_RETURN(Resolved r, p.Resolve(*st, vblock));
+  if (!r.mapped()) return std::optional<PoolBlock>();
+  return std::optional<PoolBlock>(r.value.block);
+}
 
 Status Pool::RunGcForTesting() {
   Impl& p = *impl_;

@@ -231,6 +231,9 @@ class Pool {
 
   // Runs the collector until nothing is left to collect, then commits.
   Status RunGcForTesting();
+  // The data block that block `vblock` of device `id` reads from, or
+  // nullopt when it reads zeros.
+  Result<std::optional<PoolBlock>> MappedBlockForTesting(VolumeId id, uint64_t vblock);
   // Stops background threads and drops every uncommitted change without
   // committing, as if the process died. The pool is unusable after.
   void AbandonForTesting();

@@ -1,0 +1,803 @@
+#include "meta/rocksdb_store.h"
+
+#include <rocksdb/cache.h>
+#include <rocksdb/convenience.h>
+#include <rocksdb/db.h>
+#include <rocksdb/env.h>
+#include <rocksdb/filter_policy.h>
+#include <rocksdb/options.h>
+#include <rocksdb/slice_transform.h>
+#include <rocksdb/table.h>
+#include <rocksdb/utilities/checkpoint.h>
+#include <rocksdb/write_batch.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+#include "meta/format.h"
+
+namespace thinfs::meta {
+
+namespace {
+
+using dbformat::DeviceValueV1;
+using dbformat::SuperblockValueV1;
+
+// The one place where rocksdb::Status becomes ours.
+Status FromRocks(const rocksdb::Status& s, const std::string& context) {
+  if (s.ok()) return Status::Ok();
+  std::string msg = context + ": " + s.ToString();
+  switch (s.code()) {
+    case rocksdb::Status::kNotFound:
+      return Status::NotFound(std::move(msg));
+    case rocksdb::Status::kCorruption:
+      return Status::Corruption(std::move(msg));
+    case rocksdb::Status::kNotSupported:
+      return Status::NotSupported(std::move(msg));
+    case rocksdb::Status::kInvalidArgument:
+      return Status::InvalidArgument(std::move(msg));
+    case rocksdb::Status::kBusy:
+    case rocksdb::Status::kTimedOut:
+    case rocksdb::Status::kTryAgain:
+      return Status::Busy(std::move(msg));
+    case rocksdb::Status::kIOError:
+      if (s.IsNoSpace()) return Status::NoSpace(std::move(msg));
+      // RocksDB reports a held LOCK file as a plain IOError ("While lock
+      // file: .../LOCK: Resource temporarily unavailable", or "lock hold by
+      // current process" within one process); the path is the only marker.
+      if (msg.find("/LOCK") != std::string::npos) return Status::Busy(std::move(msg));
+      return Status::IOError(std::move(msg));
+    default:
+      return Status::IOError(std::move(msg));
+  }
+}
+
+// ---- keys ----
+
+void PutBe64(std::string* dst, uint64_t v) {
+  for (int i = 7; i >= 0; --i) dst->push_back(static_cast<char>(v >> (8 * i)));
+}
+void PutBe32(std::string* dst, uint32_t v) {
+  for (int i = 3; i >= 0; --i) dst->push_back(static_cast<char>(v >> (8 * i)));
+}
+uint64_t GetBe64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+uint32_t GetBe32(const char* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+std::string Id64Key(uint64_t id) {
+  std::string k;
+  PutBe64(&k, id);
+  return k;
+}
+
+std::string MapKey(VolumeId device, VolumeBlock vblock, Epoch epoch) {
+  std::string k;
+  k.reserve(dbformat::kMapKeySize);
+  PutBe64(&k, device.value);
+  PutBe64(&k, vblock.value);
+  PutBe32(&k, ~epoch);
+  return k;
+}
+
+std::string Hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%" PRIx64, v);
+  return buf;
+}
+
+std::string DescribeMapKey(const rocksdb::Slice& key) {
+  if (key.size() != dbformat::kMapKeySize) {
+    return "map key of " + std::to_string(key.size()) + " bytes";
+  }
+  return "map entry (device " + std::to_string(GetBe64(key.data())) + ", vblock " +
+         std::to_string(GetBe64(key.data() + 8)) + ", epoch " +
+         std::to_string(~GetBe32(key.data() + 16)) + ")";
+}
+
+// ---- superblock ----
+
+uint64_t Checksum64(const rocksdb::Slice& key, const char* data, size_t n) {
+  XXH64_state_t* st = XXH64_createState();
+  XXH64_reset(st, 0);
+  XXH64_update(st, key.data(), key.size());
+  XXH64_update(st, data, n);
+  uint64_t h = XXH64_digest(st);
+  XXH64_freeState(st);
+  return h;
+}
+
+std::string EncodeSuperblock(const Superblock& sb) {
+  SuperblockValueV1 v;
+  std::memset(&v, 0, sizeof v);
+  v.version = dbformat::kSuperblockValueVersion;
+  v.magic.Set(sb.magic);
+  v.format_version.Set(sb.format_version);
+  std::memcpy(v.uuid, sb.uuid, sizeof v.uuid);
+  v.block_size.Set(sb.block_size);
+  v.data_blocks.Set(sb.data_blocks);
+  v.created_ns.Set(sb.created_ns);
+  v.transaction_id.Set(sb.transaction_id);
+  v.next_device_id.Set(sb.next_device_id);
+  v.flags.Set(sb.flags);
+  v.checksum.Set(Checksum64(dbformat::kSuperblockKey, reinterpret_cast<const char*>(&v),
+                            offsetof(SuperblockValueV1, checksum)));
+  return std::string(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+Result<Superblock> DecodeSuperblock(const rocksdb::Slice& value) {
+  const std::string what = "superblock record";
+  if (value.size() != sizeof(SuperblockValueV1)) {
+    return Status::Corruption(what + ": size " + std::to_string(value.size()) + ", expected " +
+                              std::to_string(sizeof(SuperblockValueV1)));
+  }
+  SuperblockValueV1 v;
+  std::memcpy(&v, value.data(), sizeof v);
+  uint64_t want = Checksum64(dbformat::kSuperblockKey, value.data(),
+                             offsetof(SuperblockValueV1, checksum));
+  if (v.checksum.Get() != want) {
+    return Status::Corruption(what + ": checksum mismatch (stored " + Hex(v.checksum.Get()) +
+                              ", computed " + Hex(want) + ")");
+  }
+  if (v.version != dbformat::kSuperblockValueVersion) {
+    return Status::Corruption(what + ": unknown value version " + std::to_string(v.version));
+  }
+  if (std::any_of(std::begin(v.reserved0), std::end(v.reserved0), [](uint8_t b) { return b != 0; }) ||
+      v.reserved1.Get() != 0) {
+    return Status::Corruption(what + ": reserved bytes are not zero");
+  }
+  if (v.magic.Get() != kSuperblockMagic) {
+    return Status::Corruption(what + ": bad magic " + Hex(v.magic.Get()));
+  }
+  if (v.format_version.Get() > kFormatVersion) {
+    return Status::NotSupported(what + ": format version " +
+                                std::to_string(v.format_version.Get()) + " is newer than " +
+                                std::to_string(kFormatVersion));
+  }
+  Superblock sb;
+  sb.magic = v.magic.Get();
+  sb.format_version = v.format_version.Get();
+  std::memcpy(sb.uuid, v.uuid, sizeof sb.uuid);
+  sb.block_size = v.block_size.Get();
+  sb.data_blocks = v.data_blocks.Get();
+  sb.created_ns = v.created_ns.Get();
+  sb.transaction_id = v.transaction_id.Get();
+  sb.next_device_id = v.next_device_id.Get();
+  sb.flags = v.flags.Get();
+  return sb;
+}
+
+// ---- devices ----
+
+Result<std::string> EncodeDevice(const DeviceRecord& d) {
+  if (d.name.size() > dbformat::kMaxDeviceNameSize) {
+    return Status::InvalidArgument("device " + std::to_string(d.id.value) + ": name of " +
+                                   std::to_string(d.name.size()) + " bytes is too long");
+  }
+  DeviceValueV1 v;
+  std::memset(&v, 0, sizeof v);
+  v.version = dbformat::kDeviceValueVersion;
+  v.has_parent = d.has_parent ? 1 : 0;
+  v.name_len.Set(static_cast<uint16_t>(d.name.size()));
+  v.epoch.Set(d.epoch);
+  v.id.Set(d.id.value);
+  v.size.Set(d.size);
+  v.parent.Set(d.parent.value);
+  v.parent_epoch.Set(d.parent_epoch);
+  v.flags.Set(d.flags);
+  v.mode.Set(d.mode);
+  v.uid.Set(d.uid);
+  v.gid.Set(d.gid);
+  v.created_ns.Set(d.created_ns);
+  v.mtime_ns.Set(d.mtime_ns);
+  v.ctime_ns.Set(d.ctime_ns);
+  v.atime_ns.Set(d.atime_ns);
+  std::string out(reinterpret_cast<const char*>(&v), sizeof v);
+  out += d.name;
+  dbformat::Le64 sum;
+  sum.Set(Checksum64(Id64Key(d.id.value), out.data(), out.size()));
+  out.append(reinterpret_cast<const char*>(sum.b), sizeof sum.b);
+  return out;
+}
+
+Result<DeviceRecord> DecodeDevice(const rocksdb::Slice& key, const rocksdb::Slice& value) {
+  if (key.size() != dbformat::kDeviceKeySize) {
+    return Status::Corruption("device key of " + std::to_string(key.size()) + " bytes");
+  }
+  const uint64_t key_id = GetBe64(key.data());
+  const std::string what = "device record " + std::to_string(key_id);
+  constexpr size_t kFixed = sizeof(DeviceValueV1) + dbformat::kDeviceChecksumSize;
+  if (value.size() < kFixed) {
+    return Status::Corruption(what + ": value of " + std::to_string(value.size()) +
+                              " bytes is too short");
+  }
+  DeviceValueV1 v;
+  std::memcpy(&v, value.data(), sizeof v);
+  const size_t body = value.size() - dbformat::kDeviceChecksumSize;
+  dbformat::Le64 stored;
+  std::memcpy(stored.b, value.data() + body, sizeof stored.b);
+  const uint64_t want = Checksum64(key, value.data(), body);
+  if (stored.Get() != want) {
+    return Status::Corruption(what + ": checksum mismatch (stored " + Hex(stored.Get()) +
+                              ", computed " + Hex(want) + ")");
+  }
+  if (v.version != dbformat::kDeviceValueVersion) {
+    return Status::Corruption(what + ": unknown value version " + std::to_string(v.version));
+  }
+  if (sizeof v + v.name_len.Get() != body) {
+    return Status::Corruption(what + ": name length " + std::to_string(v.name_len.Get()) +
+                              " disagrees with value size " + std::to_string(value.size()));
+  }
+  if (v.id.Get() != key_id || v.has_parent > 1 || v.reserved.Get() != 0) {
+    return Status::Corruption(what + ": inconsistent fields (id " + std::to_string(v.id.Get()) +
+                              ")");
+  }
+  DeviceRecord d;
+  d.id = VolumeId(key_id);
+  d.name.assign(value.data() + sizeof v, v.name_len.Get());
+  d.size = v.size.Get();
+  d.epoch = v.epoch.Get();
+  d.has_parent = v.has_parent != 0;
+  d.parent = VolumeId(v.parent.Get());
+  d.parent_epoch = v.parent_epoch.Get();
+  d.flags = v.flags.Get();
+  d.mode = v.mode.Get();
+  d.uid = v.uid.Get();
+  d.gid = v.gid.Get();
+  d.created_ns = v.created_ns.Get();
+  d.mtime_ns = v.mtime_ns.Get();
+  d.ctime_ns = v.ctime_ns.Get();
+  d.atime_ns = v.atime_ns.Get();
+  return d;
+}
+
+// ---- map values ----
+
+uint16_t MapCheck(const rocksdb::Slice& key, const char* payload, size_t n) {
+  char buf[dbformat::kMapKeySize + dbformat::kMaxVarint64Size + 1];
+  const size_t k = std::min(key.size(), dbformat::kMapKeySize);
+  std::memcpy(buf, key.data(), k);
+  std::memcpy(buf + k, payload, n);
+  return static_cast<uint16_t>(XXH32(buf, k + n, 0) & 0xffff);
+}
+
+std::string EncodeMapValue(const std::string& key, const MapValue& v) {
+  char buf[dbformat::kMaxVarint64Size + 1 + dbformat::kMapValueCheckSize];
+  size_t n = 0;
+  uint64_t block = v.tombstone() ? 0 : v.block.value;
+  while (block >= 0x80) {
+    buf[n++] = static_cast<char>(block | 0x80);
+    block >>= 7;
+  }
+  buf[n++] = static_cast<char>(block);
+  buf[n++] = static_cast<char>(v.flags);
+  const uint16_t check = MapCheck(key, buf, n);
+  buf[n++] = static_cast<char>(check & 0xff);
+  buf[n++] = static_cast<char>(check >> 8);
+  return std::string(buf, n);
+}
+
+constexpr uint8_t kKnownMapFlags = MapValue::kTombstone | MapValue::kMaybeShared;
+
+Result<MapValue> DecodeMapValue(const rocksdb::Slice& key, const rocksdb::Slice& value) {
+  if (key.size() != dbformat::kMapKeySize) {
+    return Status::Corruption(DescribeMapKey(key));
+  }
+  const char* p = value.data();
+  const size_t size = value.size();
+  uint64_t block = 0;
+  size_t n = 0;
+  bool done = false;
+  for (int shift = 0; n < size && n < dbformat::kMaxVarint64Size; shift += 7) {
+    const uint8_t byte = static_cast<uint8_t>(p[n++]);
+    block |= static_cast<uint64_t>(byte & 0x7f) << shift;
+    if (!(byte & 0x80)) {
+      done = true;
+      break;
+    }
+  }
+  if (!done || n + 1 + dbformat::kMapValueCheckSize != size) {
+    return Status::Corruption(DescribeMapKey(key) + ": malformed value of " +
+                              std::to_string(size) + " bytes");
+  }
+  const uint8_t flags = static_cast<uint8_t>(p[n]);
+  const uint16_t stored = static_cast<uint16_t>(static_cast<uint8_t>(p[n + 1]) |
+                                                (static_cast<uint8_t>(p[n + 2]) << 8));
+  const uint16_t want = MapCheck(key, p, n + 1);
+  if (stored != want) {
+    return Status::Corruption(DescribeMapKey(key) + ": check mismatch (stored " + Hex(stored) +
+                              ", computed " + Hex(want) + ")");
+  }
+  if (flags & ~kKnownMapFlags) {
+    return Status::Corruption(DescribeMapKey(key) + ": unknown flags " + Hex(flags));
+  }
+  MapValue v;
+  v.block = PoolBlock(block);
+  v.flags = flags;
+  return v;
+}
+
+// ---- refcounts ----
+
+std::string EncodeRefcount(const std::string& key, uint32_t count) {
+  dbformat::Le32 c;
+  c.Set(count);
+  char buf[dbformat::kRefcountKeySize + 4];
+  std::memcpy(buf, key.data(), dbformat::kRefcountKeySize);
+  std::memcpy(buf + dbformat::kRefcountKeySize, c.b, 4);
+  dbformat::Le32 check;
+  check.Set(XXH32(buf, sizeof buf, 0));
+  std::string out(reinterpret_cast<const char*>(c.b), 4);
+  out.append(reinterpret_cast<const char*>(check.b), 4);
+  return out;
+}
+
+Result<std::pair<PoolBlock, uint32_t>> DecodeRefcount(const rocksdb::Slice& key,
+                                                       const rocksdb::Slice& value) {
+  if (key.size() != dbformat::kRefcountKeySize) {
+    return Status::Corruption("refcount key of " + std::to_string(key.size()) + " bytes");
+  }
+  const uint64_t block = GetBe64(key.data());
+  const std::string what = "refcount of pool block " + std::to_string(block);
+  if (value.size() != dbformat::kRefcountValueSize) {
+    return Status::Corruption(what + ": value of " + std::to_string(value.size()) + " bytes");
+  }
+  char buf[dbformat::kRefcountKeySize + 4];
+  std::memcpy(buf, key.data(), dbformat::kRefcountKeySize);
+  std::memcpy(buf + dbformat::kRefcountKeySize, value.data(), 4);
+  dbformat::Le32 count, check;
+  std::memcpy(count.b, value.data(), 4);
+  std::memcpy(check.b, value.data() + 4, 4);
+  const uint32_t want = XXH32(buf, sizeof buf, 0);
+  if (check.Get() != want) {
+    return Status::Corruption(what + ": check mismatch (stored " + Hex(check.Get()) +
+                              ", computed " + Hex(want) + ")");
+  }
+  if (count.Get() < 2) {
+    return Status::Corruption(what + ": stored count " + std::to_string(count.Get()) + " < 2");
+  }
+  return std::make_pair(PoolBlock(block), count.Get());
+}
+
+const char* CompressionName(rocksdb::CompressionType t) {
+  switch (t) {
+    case rocksdb::kZSTD:
+      return "ZSTD";
+    case rocksdb::kLZ4Compression:
+      return "LZ4";
+    case rocksdb::kSnappyCompression:
+      return "Snappy";
+    default:
+      return "NoCompression";
+  }
+}
+
+// Iterates the "map" column family across devices: total_order_seek, since
+// the prefix extractor would otherwise let Seek/Next stop at a prefix
+// boundary.
+class RocksMapIterator final : public MapIterator {
+ public:
+  explicit RocksMapIterator(std::unique_ptr<rocksdb::Iterator> it) : it_(std::move(it)) {}
+
+  bool Valid() const override { return valid_; }
+  const MapEntry& entry() const override { return entry_; }
+  void Next() override {
+    if (!valid_) return;
+    it_->Next();
+    Load();
+  }
+  void Seek(VolumeId device, VolumeBlock vblock) override {
+    status_ = Status::Ok();
+    it_->Seek(MapKey(device, vblock, UINT32_MAX));
+    Load();
+  }
+  Status status() const override { return status_; }
+
+ private:
+  void Load() {
+    valid_ = false;
+    if (!it_->Valid()) {
+      status_ = FromRocks(it_->status(), "iterate block map");
+      return;
+    }
+    const rocksdb::Slice key = it_->key();
+    Result<MapValue> v = DecodeMapValue(key, it_->value());
+    if (!v.ok()) {
+      status_ = v.status();
+      return;
+    }
+    entry_.device = VolumeId(GetBe64(key.data()));
+    entry_.vblock = VolumeBlock(GetBe64(key.data() + 8));
+    entry_.epoch = ~GetBe32(key.data() + 16);
+    entry_.value = *v;
+    valid_ = true;
+  }
+
+  const std::unique_ptr<rocksdb::Iterator> it_;
+  MapEntry entry_;
+  bool valid_ = false;
+  Status status_;
+};
+
+}  // namespace
+
+struct RocksDbStore::Rep {
+  ~Rep() {
+    for (rocksdb::ColumnFamilyHandle* h : handles) {
+      if (db != nullptr) db->DestroyColumnFamilyHandle(h).PermitUncheckedError();
+    }
+    if (db != nullptr) db->Close().PermitUncheckedError();
+    delete db;
+  }
+
+  rocksdb::DB* db = nullptr;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;  // owned, in Open order
+  std::map<std::string, rocksdb::ColumnFamilyHandle*> by_name;
+  rocksdb::ColumnFamilyHandle* sb_cf = nullptr;
+  rocksdb::ColumnFamilyHandle* dev_cf = nullptr;
+  rocksdb::ColumnFamilyHandle* map_cf = nullptr;
+  rocksdb::ColumnFamilyHandle* ref_cf = nullptr;
+  bool read_only = false;
+  std::string dir;
+  std::string bottommost_compression;
+  // Set by a failed commit; later commits refuse to write. Atomic because
+  // Commit() and readers of the flag may run on different threads.
+  std::atomic<bool> failed{false};
+};
+
+namespace {
+
+struct TunedOptions {
+  rocksdb::DBOptions db;
+  std::vector<rocksdb::ColumnFamilyDescriptor> cfs;  // default first
+  std::string bottommost_compression;
+};
+
+TunedOptions MakeOptions(const RocksDbOptions& o) {
+  TunedOptions t;
+  t.db.env = o.env_for_testing != nullptr ? static_cast<rocksdb::Env*>(o.env_for_testing)
+                                          : rocksdb::Env::Default();
+  t.db.max_background_jobs = 2;
+  t.db.keep_log_file_num = 4;
+  t.db.max_log_file_size = 4 << 20;
+
+  const std::vector<rocksdb::CompressionType> supported = rocksdb::GetSupportedCompressions();
+  auto has = [&](rocksdb::CompressionType c) {
+    return std::find(supported.begin(), supported.end(), c) != supported.end();
+  };
+  rocksdb::CompressionType upper = rocksdb::kNoCompression;
+  if (has(rocksdb::kLZ4Compression)) {
+    upper = rocksdb::kLZ4Compression;
+  } else if (has(rocksdb::kSnappyCompression)) {
+    upper = rocksdb::kSnappyCompression;
+  }
+  rocksdb::CompressionType bottom = upper;
+  if (has(rocksdb::kZSTD)) bottom = rocksdb::kZSTD;
+  t.bottommost_compression = CompressionName(bottom);
+
+  std::shared_ptr<rocksdb::Cache> cache = rocksdb::NewLRUCache(o.block_cache_bytes);
+  auto base_cf = [&](size_t block_size, const rocksdb::FilterPolicy* filter,
+                     bool whole_key) {
+    rocksdb::BlockBasedTableOptions table;
+    table.block_cache = cache;
+    table.block_size = block_size;
+    table.checksum = rocksdb::kXXH3;
+    table.whole_key_filtering = whole_key;
+    if (filter != nullptr) table.filter_policy.reset(filter);
+    rocksdb::ColumnFamilyOptions cf;
+    cf.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+    cf.compression = upper;
+    cf.bottommost_compression = bottom;
+    return cf;
+  };
+
+  t.cfs.emplace_back(rocksdb::kDefaultColumnFamilyName, base_cf(4096, nullptr, true));
+  t.cfs.emplace_back(dbformat::kSuperblockCf, base_cf(4096, nullptr, true));
+  t.cfs.emplace_back(dbformat::kDevicesCf, base_cf(4096, nullptr, true));
+  // Every map lookup is a Seek on (device, vblock): a prefix Bloom filter
+  // serves it, a whole-key filter never would and would double the filter
+  // size. 16 KiB blocks keep the index small; keys delta-encode well.
+  rocksdb::ColumnFamilyOptions map_cf =
+      base_cf(16 * 1024, rocksdb::NewBloomFilterPolicy(10), /*whole_key=*/false);
+  map_cf.prefix_extractor.reset(rocksdb::NewFixedPrefixTransform(dbformat::kMapPrefixSize));
+  map_cf.memtable_prefix_bloom_size_ratio = 0.05;
+  t.cfs.emplace_back(dbformat::kMapCf, map_cf);
+  // GetRefcount mostly asks about unshared blocks, which have no entry: a
+  // whole-key filter answers those without reading a data block.
+  t.cfs.emplace_back(dbformat::kRefcountsCf,
+                     base_cf(4096, rocksdb::NewBloomFilterPolicy(10), /*whole_key=*/true));
+  return t;
+}
+
+}  // namespace
+
+RocksDbStore::RocksDbStore(std::unique_ptr<Rep> rep) : rep_(std::move(rep)) {}
+RocksDbStore::~RocksDbStore() = default;
+
+Result<std::unique_ptr<RocksDbStore>> RocksDbStore::Create(const std::string& dir,
+                                                           const Superblock& sb,
+                                                           const RocksDbOptions& options) {
+  if (options.read_only) return Status::InvalidArgument("create " + dir + ": read_only set");
+  if (sb.magic != kSuperblockMagic) {
+    return Status::InvalidArgument("create " + dir + ": superblock has a bad magic");
+  }
+  TunedOptions t = MakeOptions(options);
+  rocksdb::Status exists = t.db.env->FileExists(dir + "/CURRENT");
+  if (exists.ok()) return Status::Exists("create " + dir + ": a database exists");
+  if (!exists.IsNotFound()) return FromRocks(exists, "create " + dir);
+
+  t.db.create_if_missing = true;
+  t.db.error_if_exists = true;
+  t.db.create_missing_column_families = true;
+  auto rep = std::make_unique<Rep>();
+  rep->dir = dir;
+  rep->bottommost_compression = t.bottommost_compression;
+  THINFS_RETURN_IF_ERROR(FromRocks(
+      rocksdb::DB::Open(t.db, dir, t.cfs, &rep->handles, &rep->db), "create " + dir));
+  for (size_t i = 0; i < t.cfs.size(); ++i) rep->by_name[t.cfs[i].name] = rep->handles[i];
+  rep->sb_cf = rep->by_name[dbformat::kSuperblockCf];
+  rep->dev_cf = rep->by_name[dbformat::kDevicesCf];
+  rep->map_cf = rep->by_name[dbformat::kMapCf];
+  rep->ref_cf = rep->by_name[dbformat::kRefcountsCf];
+  std::unique_ptr<RocksDbStore> store(new RocksDbStore(std::move(rep)));
+  MetaBatch first;
+  first.superblock = sb;
+  THINFS_RETURN_IF_ERROR(store->Commit(first, /*sync=*/true).WithContext("create " + dir));
+  return store;
+}
+
+Result<std::unique_ptr<RocksDbStore>> RocksDbStore::Open(const std::string& dir,
+                                                         const RocksDbOptions& options) {
+  TunedOptions t = MakeOptions(options);
+  const std::string ctx = "open " + dir;
+  rocksdb::Status exists = t.db.env->FileExists(dir + "/CURRENT");
+  if (exists.IsNotFound()) return Status::NotFound(ctx + ": no database");
+  THINFS_RETURN_IF_ERROR(FromRocks(exists, ctx));
+
+  std::vector<std::string> names;
+  THINFS_RETURN_IF_ERROR(
+      FromRocks(rocksdb::DB::ListColumnFamilies(t.db, dir, &names), ctx));
+  for (const rocksdb::ColumnFamilyDescriptor& d : t.cfs) {
+    if (std::find(names.begin(), names.end(), d.name) == names.end()) {
+      return Status::Corruption(ctx + ": column family \"" + d.name + "\" is missing");
+    }
+  }
+  for (const std::string& n : names) {
+    bool known = std::any_of(t.cfs.begin(), t.cfs.end(),
+                             [&](const rocksdb::ColumnFamilyDescriptor& d) { return d.name == n; });
+    if (!known) {
+      return Status::NotSupported(ctx + ": unknown column family \"" + n +
+                                  "\" (written by a newer thinfs?)");
+    }
+  }
+
+  auto rep = std::make_unique<Rep>();
+  rep->dir = dir;
+  rep->read_only = options.read_only;
+  rep->bottommost_compression = t.bottommost_compression;
+  rocksdb::Status s =
+      options.read_only
+          ? rocksdb::DB::OpenForReadOnly(t.db, dir, t.cfs, &rep->handles, &rep->db)
+          : rocksdb::DB::Open(t.db, dir, t.cfs, &rep->handles, &rep->db);
+  THINFS_RETURN_IF_ERROR(FromRocks(s, ctx));
+  for (size_t i = 0; i < t.cfs.size(); ++i) rep->by_name[t.cfs[i].name] = rep->handles[i];
+  rep->sb_cf = rep->by_name[dbformat::kSuperblockCf];
+  rep->dev_cf = rep->by_name[dbformat::kDevicesCf];
+  rep->map_cf = rep->by_name[dbformat::kMapCf];
+  rep->ref_cf = rep->by_name[dbformat::kRefcountsCf];
+  std::unique_ptr<RocksDbStore> store(new RocksDbStore(std::move(rep)));
+  Result<Superblock> sb = store->ReadSuperblock();
+  if (!sb.ok()) {
+    Status st = sb.status();
+    if (st.IsNotFound()) return Status::Corruption(ctx + ": superblock record is missing");
+    return st.WithContext(ctx);
+  }
+  return store;
+}
+
+Result<Superblock> RocksDbStore::ReadSuperblock() {
+  std::string value;
+  THINFS_RETURN_IF_ERROR(FromRocks(
+      rep_->db->Get(rocksdb::ReadOptions(), rep_->sb_cf, dbformat::kSuperblockKey, &value),
+      "read superblock"));
+  return DecodeSuperblock(value);
+}
+
+Result<std::vector<DeviceRecord>> RocksDbStore::LoadDevices() {
+  std::vector<DeviceRecord> out;
+  std::unique_ptr<rocksdb::Iterator> it(rep_->db->NewIterator(rocksdb::ReadOptions(),
+                                                              rep_->dev_cf));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    THINFS_ASSIGN_OR_RETURN(DeviceRecord d, DecodeDevice(it->key(), it->value()));
+    out.push_back(std::move(d));
+  }
+  THINFS_RETURN_IF_ERROR(FromRocks(it->status(), "load devices"));
+  return out;
+}
+
+Result<std::optional<Version>> RocksDbStore::FindVersion(VolumeId device, VolumeBlock vblock,
+                                                         Epoch max_epoch) {
+  rocksdb::ReadOptions ro;
+  // The seek key's 16-byte prefix is (device, vblock): the prefix Bloom
+  // filter can skip files, and the iterator stops at the next block.
+  ro.prefix_same_as_start = true;
+  std::unique_ptr<rocksdb::Iterator> it(rep_->db->NewIterator(ro, rep_->map_cf));
+  const std::string key = MapKey(device, vblock, max_epoch);
+  it->Seek(key);
+  if (!it->Valid()) {
+    THINFS_RETURN_IF_ERROR(FromRocks(it->status(), "find version"));
+    return std::optional<Version>();
+  }
+  const rocksdb::Slice found = it->key();
+  if (found.size() < dbformat::kMapPrefixSize ||
+      std::memcmp(found.data(), key.data(), dbformat::kMapPrefixSize) != 0) {
+    return std::optional<Version>();
+  }
+  THINFS_ASSIGN_OR_RETURN(MapValue v, DecodeMapValue(found, it->value()));
+  return std::optional<Version>(Version{~GetBe32(found.data() + 16), v});
+}
+
+Result<std::vector<Version>> RocksDbStore::ListVersions(VolumeId device, VolumeBlock vblock) {
+  rocksdb::ReadOptions ro;
+  ro.prefix_same_as_start = true;
+  std::unique_ptr<rocksdb::Iterator> it(rep_->db->NewIterator(ro, rep_->map_cf));
+  const std::string start = MapKey(device, vblock, UINT32_MAX);
+  std::vector<Version> out;
+  for (it->Seek(start); it->Valid(); it->Next()) {
+    const rocksdb::Slice k = it->key();
+    if (k.size() < dbformat::kMapPrefixSize ||
+        std::memcmp(k.data(), start.data(), dbformat::kMapPrefixSize) != 0) {
+      break;
+    }
+    THINFS_ASSIGN_OR_RETURN(MapValue v, DecodeMapValue(k, it->value()));
+    out.push_back(Version{~GetBe32(k.data() + 16), v});
+  }
+  THINFS_RETURN_IF_ERROR(FromRocks(it->status(), "list versions"));
+  return out;
+}
+
+Result<uint32_t> RocksDbStore::GetRefcount(PoolBlock block) {
+  std::string value;
+  const std::string key = Id64Key(block.value);
+  rocksdb::Status s = rep_->db->Get(rocksdb::ReadOptions(), rep_->ref_cf, key, &value);
+  if (s.IsNotFound()) return uint32_t{0};
+  THINFS_RETURN_IF_ERROR(FromRocks(s, "get refcount"));
+  THINFS_ASSIGN_OR_RETURN(auto entry, DecodeRefcount(key, value));
+  return entry.second;
+}
+
+Result<std::vector<std::pair<PoolBlock, uint32_t>>> RocksDbStore::ListRefcounts() {
+  std::vector<std::pair<PoolBlock, uint32_t>> out;
+  std::unique_ptr<rocksdb::Iterator> it(rep_->db->NewIterator(rocksdb::ReadOptions(),
+                                                              rep_->ref_cf));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    THINFS_ASSIGN_OR_RETURN(auto entry, DecodeRefcount(it->key(), it->value()));
+    out.push_back(entry);
+  }
+  THINFS_RETURN_IF_ERROR(FromRocks(it->status(), "list refcounts"));
+  return out;
+}
+
+std::unique_ptr<MapIterator> RocksDbStore::NewMapIterator() {
+  rocksdb::ReadOptions ro;
+  ro.total_order_seek = true;
+  return std::make_unique<RocksMapIterator>(
+      std::unique_ptr<rocksdb::Iterator>(rep_->db->NewIterator(ro, rep_->map_cf)));
+}
+
+Status RocksDbStore::Commit(const MetaBatch& batch, bool sync) {
+  if (rep_->read_only) return Status::ReadOnly("commit: metadata opened read-only");
+  if (rep_->failed.load()) return Status::IOError("commit: an earlier commit failed");
+  rocksdb::WriteBatch wb;
+  auto put = [&](rocksdb::ColumnFamilyHandle* cf, const std::string& k, const std::string& v) {
+    return FromRocks(wb.Put(cf, k, v), "commit: batch put");
+  };
+  if (batch.superblock) {
+    THINFS_RETURN_IF_ERROR(
+        put(rep_->sb_cf, dbformat::kSuperblockKey, EncodeSuperblock(*batch.superblock)));
+  }
+  for (const DeviceRecord& d : batch.put_devices) {
+    THINFS_ASSIGN_OR_RETURN(std::string v, EncodeDevice(d));
+    THINFS_RETURN_IF_ERROR(put(rep_->dev_cf, Id64Key(d.id.value), v));
+  }
+  for (VolumeId id : batch.delete_devices) {
+    THINFS_RETURN_IF_ERROR(FromRocks(wb.Delete(rep_->dev_cf, Id64Key(id.value)), "commit"));
+  }
+  for (const MapEntry& e : batch.put_mappings) {
+    const std::string k = MapKey(e.device, e.vblock, e.epoch);
+    THINFS_RETURN_IF_ERROR(put(rep_->map_cf, k, EncodeMapValue(k, e.value)));
+  }
+  for (const MetaBatch::MappingKey& m : batch.delete_mappings) {
+    THINFS_RETURN_IF_ERROR(
+        FromRocks(wb.Delete(rep_->map_cf, MapKey(m.device, m.vblock, m.epoch)), "commit"));
+  }
+  for (const auto& [block, count] : batch.refcounts) {
+    const std::string k = Id64Key(block.value);
+    if (count >= 2) {
+      THINFS_RETURN_IF_ERROR(put(rep_->ref_cf, k, EncodeRefcount(k, count)));
+    } else {
+      THINFS_RETURN_IF_ERROR(FromRocks(wb.Delete(rep_->ref_cf, k), "commit"));
+    }
+  }
+  rocksdb::WriteOptions wo;
+  wo.sync = sync;
+  Status s = FromRocks(rep_->db->Write(wo, &wb), "commit");
+  if (!s.ok()) {
+    rep_->failed.store(true);
+    if (s.code() != Status::Code::kNoSpace) s = Status::IOError(s.message());
+  }
+  return s;
+}
+
+Result<uint64_t> RocksDbStore::MapBytesOnDisk(bool compact) {
+  if (compact) {
+    rocksdb::CompactRangeOptions cro;
+    cro.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
+    THINFS_RETURN_IF_ERROR(
+        FromRocks(rep_->db->CompactRange(cro, rep_->map_cf, nullptr, nullptr), "compact map"));
+  }
+  uint64_t bytes = 0;
+  if (!rep_->db->GetIntProperty(rep_->map_cf, rocksdb::DB::Properties::kTotalSstFilesSize,
+                                &bytes)) {
+    return Status::IOError("map bytes on disk: property unavailable");
+  }
+  return bytes;
+}
+
+Status RocksDbStore::CompactForTesting() {
+  rocksdb::CompactRangeOptions cro;
+  cro.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
+  for (rocksdb::ColumnFamilyHandle* h : rep_->handles) {
+    THINFS_RETURN_IF_ERROR(
+        FromRocks(rep_->db->CompactRange(cro, h, nullptr, nullptr), "compact " + h->GetName()));
+  }
+  return Status::Ok();
+}
+
+Result<std::string> RocksDbStore::CheckpointTo(const std::string& dir) {
+  const std::string ctx = "checkpoint to " + dir;
+  rocksdb::Status exists = rep_->db->GetEnv()->FileExists(dir);
+  if (exists.ok()) return Status::Exists(ctx + ": exists");
+  if (!exists.IsNotFound()) return FromRocks(exists, ctx);
+  rocksdb::Checkpoint* raw = nullptr;
+  THINFS_RETURN_IF_ERROR(FromRocks(rocksdb::Checkpoint::Create(rep_->db, &raw), ctx));
+  std::unique_ptr<rocksdb::Checkpoint> cp(raw);
+  THINFS_RETURN_IF_ERROR(FromRocks(cp->CreateCheckpoint(dir), ctx));
+  return dir;
+}
+
+const std::string& RocksDbStore::bottommost_compression() const {
+  return rep_->bottommost_compression;
+}
+
+Status RocksDbStore::PutRawForTesting(const std::string& cf, std::string key,
+                                      std::string value) {
+  auto it = rep_->by_name.find(cf);
+  if (it == rep_->by_name.end()) return Status::InvalidArgument("no column family " + cf);
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  return FromRocks(rep_->db->Put(wo, it->second, key, value), "put raw");
+}
+
+Result<std::string> RocksDbStore::GetRawForTesting(const std::string& cf,
+                                                   const std::string& key) {
+  auto it = rep_->by_name.find(cf);
+  if (it == rep_->by_name.end()) return Status::InvalidArgument("no column family " + cf);
+  std::string value;
+  THINFS_RETURN_IF_ERROR(
+      FromRocks(rep_->db->Get(rocksdb::ReadOptions(), it->second, key, &value), "get raw"));
+  return value;
+}
+
+}  // namespace thinfs::meta

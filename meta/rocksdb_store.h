@@ -1,0 +1,118 @@
+// RocksDbStore: the pool's MetadataStore on RocksDB (pool/meta/).
+//
+// Column families "superblock", "devices", "map" and "refcounts" hold the
+// records described in the RocksDB section of meta/format.h. Commit()
+// writes one WriteBatch across all of them; the WAL is always on and is
+// fsynced only when Commit(sync=true) asks. Reads see the committed state
+// (RocksDB's latest sequence number); a MapIterator reads the implicit
+// snapshot taken when it was created.
+//
+// This header exposes no RocksDB type: the implementation lives behind a
+// pimpl so that core/ and fs/ users need no RocksDB headers.
+//
+// Thread safety: every method may be called concurrently, except that
+// Commit() calls must be serialised by the caller (MetadataStore contract)
+// and CompactForTesting/CheckpointTo may run alongside anything. Iterators
+// returned by NewMapIterator() must be destroyed before the store.
+
+#ifndef THINFS_META_ROCKSDB_STORE_H_
+#define THINFS_META_ROCKSDB_STORE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/metadata.h"
+#include "core/status.h"
+
+namespace thinfs::meta {
+
+struct RocksDbOptions {
+  // LRU block cache shared by all column families.
+  size_t block_cache_bytes = size_t{64} << 20;
+  // Opens with DB::OpenForReadOnly: Commit() returns kReadOnly, and no
+  // background work touches the files. Create() rejects it.
+  bool read_only = false;
+  // A rocksdb::Env* used for all file I/O (FaultInjectionFs::env() in
+  // tests); nullptr selects the default Env. Not owned; must outlive the
+  // store.
+  void* env_for_testing = nullptr;
+};
+
+class RocksDbStore final : public MetadataStore {
+ public:
+  // Creates a new database in `dir` (created if missing; its parent must
+  // exist) holding `sb` and nothing else, durably.
+  // Returns kExists if `dir` already holds a database, kInvalidArgument for
+  // a read-only `options` or a bad superblock magic, kIOError otherwise.
+  static Result<std::unique_ptr<RocksDbStore>> Create(const std::string& dir,
+                                                      const Superblock& sb,
+                                                      const RocksDbOptions& options);
+
+  // Opens an existing database and verifies its superblock.
+  // Returns kNotFound if `dir` holds no database, kBusy if another
+  // RocksDbStore (in this or another process) has it open for writing,
+  // kCorruption if a column family is missing or the superblock is damaged,
+  // kNotSupported for a newer format, kIOError otherwise.
+  static Result<std::unique_ptr<RocksDbStore>> Open(const std::string& dir,
+                                                    const RocksDbOptions& options);
+
+  ~RocksDbStore() override;
+  RocksDbStore(const RocksDbStore&) = delete;
+  RocksDbStore& operator=(const RocksDbStore&) = delete;
+
+  // MetadataStore. Read methods return kCorruption (naming the record)
+  // for a damaged value and kIOError for a failed read.
+  Result<Superblock> ReadSuperblock() override;
+  Result<std::vector<DeviceRecord>> LoadDevices() override;
+  Result<std::optional<Version>> FindVersion(VolumeId device, VolumeBlock vblock,
+                                             Epoch max_epoch) override;
+  Result<std::vector<Version>> ListVersions(VolumeId device, VolumeBlock vblock) override;
+  Result<uint32_t> GetRefcount(PoolBlock block) override;
+  Result<std::vector<std::pair<PoolBlock, uint32_t>>> ListRefcounts() override;
+  std::unique_ptr<MapIterator> NewMapIterator() override;
+  // Returns kReadOnly when opened read-only, kInvalidArgument for a record
+  // that cannot be encoded (device name over 4096 bytes), kNoSpace when
+  // the metadata file system is full and kIOError when the write fails. A failed write is sticky: later commits return
+  // kIOError without writing (RocksDB itself stops accepting writes after
+  // a WAL error).
+  Status Commit(const MetaBatch& batch, bool sync) override;
+  // With `compact`, compacts the "map" column family to its bottommost
+  // level first. Returns the size of the map's SST files (the memtable and
+  // the WAL are not counted).
+  Result<uint64_t> MapBytesOnDisk(bool compact) override;
+
+  // Compacts every column family fully. Returns kIOError on failure.
+  Status CompactForTesting();
+
+  // Writes a consistent point-in-time copy of the database into `dir`
+  // (which must not exist; hard links where possible) with
+  // rocksdb::Checkpoint. The copy opens with Open(). Returns `dir`, or
+  // kExists if it exists, kIOError otherwise.
+  Result<std::string> CheckpointTo(const std::string& dir);
+
+  // Name of the compression used for the bottommost level ("ZSTD", "LZ4",
+  // "Snappy" or "NoCompression"), picked from what the RocksDB library was
+  // built with.
+  const std::string& bottommost_compression() const;
+
+  // Raw access for corruption tests. `cf` is a column family name from
+  // meta/format.h. PutRawForTesting writes unchecked bytes (synced);
+  // GetRawForTesting returns kNotFound for a missing key.
+  Status PutRawForTesting(const std::string& cf, std::string key, std::string value);
+  Result<std::string> GetRawForTesting(const std::string& cf, const std::string& key);
+
+ private:
+  struct Rep;
+  explicit RocksDbStore(std::unique_ptr<Rep> rep);
+
+  // Constant after construction; RocksDB synchronises itself.
+  const std::unique_ptr<Rep> rep_;
+};
+
+}  // namespace thinfs::meta
+
+#endif  // THINFS_META_ROCKSDB_STORE_H_

@@ -1,0 +1,284 @@
+// Tests of the BlockDevice implementations: FileBlockDevice on a temp file,
+// MemBlockDevice, and FaultInjectionBlockDevice's crash and fault model.
+
+#include "core/block_device.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/fault_injection_block_device.h"
+#include "core/mem_block_device.h"
+
+namespace thinfs {
+namespace {
+
+std::vector<std::byte> Pattern(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::byte> v(n);
+  for (auto& b : v) b = static_cast<std::byte>(rng() & 0xff);
+  return v;
+}
+
+std::vector<std::byte> ReadBack(BlockDevice& dev, uint64_t block, uint64_t offset, size_t n) {
+  std::vector<std::byte> v(n, std::byte{0x5a});
+  EXPECT_TRUE(dev.Read(PoolBlock(block), offset, v).ok());
+  return v;
+}
+
+bool AllZero(const std::vector<std::byte>& v) {
+  for (std::byte b : v) {
+    if (b != std::byte{0}) return false;
+  }
+  return true;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/thinfs_bdev_XXXXXX";
+    char* p = ::mkdtemp(tmpl);
+    EXPECT_NE(p, nullptr);
+    path_ = p ? p : "";
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::string CreateEmptyFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0644);
+  EXPECT_GE(fd, 0) << path;
+  ::close(fd);
+  return path;
+}
+
+// ---------------------------------------------------------------- File
+
+class FileBlockDeviceTest : public ::testing::TestWithParam<uint64_t> {};
+
+TEST_P(FileBlockDeviceTest, RoundTripAndZerosWhereNeverWritten) {
+  const uint64_t bs = GetParam();
+  TempDir dir;
+  const std::string path = CreateEmptyFile(dir.path() + "/data");
+  const Geometry g(bs, 16);
+  {
+    auto dev = FileBlockDevice::Open(path, g, /*direct=*/false, /*read_only=*/false);
+    ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+    // Whole block 3, a partial write straddling nothing into block 5, and
+    // block 9; blocks 0-2, 4, 6-8 stay holes inside the file, 10+ past EOF.
+    ASSERT_TRUE((*dev)->Write(PoolBlock(3), 0, Pattern(bs, 3)).ok());
+    ASSERT_TRUE((*dev)->Write(PoolBlock(5), 100, Pattern(777, 5)).ok());
+    ASSERT_TRUE((*dev)->Write(PoolBlock(9), 0, Pattern(bs, 9)).ok());
+    ASSERT_TRUE((*dev)->Sync().ok());
+    EXPECT_EQ(ReadBack(**dev, 3, 0, bs), Pattern(bs, 3));
+    EXPECT_EQ(ReadBack(**dev, 5, 100, 777), Pattern(777, 5));
+  }
+  // File offsets follow block * block_size, also for non-power-of-two sizes.
+  EXPECT_EQ(std::filesystem::file_size(path), 10 * bs);
+
+  auto dev = FileBlockDevice::Open(path, g, false, /*read_only=*/true);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  EXPECT_EQ(ReadBack(**dev, 3, 0, bs), Pattern(bs, 3));
+  EXPECT_EQ(ReadBack(**dev, 9, 0, bs), Pattern(bs, 9));
+  EXPECT_EQ(ReadBack(**dev, 5, 100, 777), Pattern(777, 5));
+  EXPECT_TRUE(AllZero(ReadBack(**dev, 5, 0, 100)));
+  EXPECT_TRUE(AllZero(ReadBack(**dev, 5, 877, bs - 877)));
+  // Partial read inside a written block.
+  std::vector<std::byte> whole = Pattern(bs, 9);
+  EXPECT_EQ(ReadBack(**dev, 9, bs / 2 - 1, 2),
+            std::vector<std::byte>(whole.begin() + bs / 2 - 1, whole.begin() + bs / 2 + 1));
+  EXPECT_TRUE(AllZero(ReadBack(**dev, 0, 0, bs)));   // hole inside the file
+  EXPECT_TRUE(AllZero(ReadBack(**dev, 4, 0, bs)));   // hole between blocks
+  EXPECT_TRUE(AllZero(ReadBack(**dev, 12, 0, bs)));  // past end of file
+}
+
+INSTANTIATE_TEST_SUITE_P(BlockSizes, FileBlockDeviceTest,
+                         ::testing::Values(uint64_t{4096}, uint64_t{12 * 1024},
+                                           uint64_t{64 * 1024}));
+
+TEST(FileBlockDeviceTest, OpenMissingIsNotFound) {
+  TempDir dir;
+  auto dev = FileBlockDevice::Open(dir.path() + "/nope", Geometry(4096, 1), false, false);
+  ASSERT_FALSE(dev.ok());
+  EXPECT_TRUE(dev.status().IsNotFound()) << dev.status().ToString();
+}
+
+TEST(FileBlockDeviceTest, WriteToReadOnlyFails) {
+  TempDir dir;
+  const std::string path = CreateEmptyFile(dir.path() + "/data");
+  auto dev = FileBlockDevice::Open(path, Geometry(4096, 4), false, /*read_only=*/true);
+  ASSERT_TRUE(dev.ok());
+  Status s = (*dev)->Write(PoolBlock(0), 0, Pattern(16, 1));
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.saved_errno(), EBADF) << s.ToString();
+}
+
+// ----------------------------------------------------------------- Mem
+
+TEST(MemBlockDeviceTest, RoundTripSparseAndDiscard) {
+  const uint64_t bs = 12 * 1024;
+  MemBlockDevice dev(Geometry(bs, 1000));
+  EXPECT_TRUE(AllZero(ReadBack(dev, 999, 0, bs)));
+  EXPECT_EQ(dev.resident_blocks(), 0u);
+
+  ASSERT_TRUE(dev.Write(PoolBlock(7), 0, Pattern(bs, 7)).ok());
+  ASSERT_TRUE(dev.Write(PoolBlock(8), 5000, Pattern(10, 8)).ok());
+  EXPECT_EQ(dev.resident_blocks(), 2u);
+  EXPECT_EQ(ReadBack(dev, 7, 0, bs), Pattern(bs, 7));
+  EXPECT_EQ(ReadBack(dev, 8, 5000, 10), Pattern(10, 8));
+  EXPECT_TRUE(AllZero(ReadBack(dev, 8, 0, 5000)));
+  EXPECT_TRUE(AllZero(ReadBack(dev, 8, 5010, bs - 5010)));
+
+  // Overwrite part of block 7.
+  ASSERT_TRUE(dev.Write(PoolBlock(7), 1, Pattern(3, 70)).ok());
+  std::vector<std::byte> expect = Pattern(bs, 7);
+  std::vector<std::byte> patch = Pattern(3, 70);
+  std::copy(patch.begin(), patch.end(), expect.begin() + 1);
+  EXPECT_EQ(ReadBack(dev, 7, 0, bs), expect);
+
+  ASSERT_TRUE(dev.Sync().ok());
+  ASSERT_TRUE(dev.Discard(PoolBlock(7), 2).ok());
+  EXPECT_EQ(dev.resident_blocks(), 0u);
+  EXPECT_TRUE(AllZero(ReadBack(dev, 7, 0, bs)));
+  // A huge discard range over few resident blocks.
+  ASSERT_TRUE(dev.Write(PoolBlock(500), 0, Pattern(1, 1)).ok());
+  ASSERT_TRUE(dev.Discard(PoolBlock(0), 1000).ok());
+  EXPECT_EQ(dev.resident_blocks(), 0u);
+}
+
+TEST(MemBlockDeviceTest, ConcurrentWritersToDistinctBlocks) {
+  const uint64_t bs = 4096;
+  MemBlockDevice dev(Geometry(bs, 400));
+  std::vector<std::thread> threads;
+  for (uint64_t t = 0; t < 4; ++t) {
+    threads.emplace_back([&dev, t, bs] {
+      for (uint64_t b = t; b < 400; b += 4) {
+        ASSERT_TRUE(dev.Write(PoolBlock(b), 0, Pattern(bs, b)).ok());
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (uint64_t b = 0; b < 400; ++b) EXPECT_EQ(ReadBack(dev, b, 0, bs), Pattern(bs, b)) << b;
+}
+
+// ------------------------------------------------------ FaultInjection
+
+TEST(FaultInjectionBlockDeviceTest, DropsExactlyUnsyncedWrites) {
+  const uint64_t bs = 4096;
+  FaultInjectionBlockDevice dev(Geometry(bs, 64));
+  ASSERT_TRUE(dev.Write(PoolBlock(1), 0, Pattern(bs, 1)).ok());
+  ASSERT_TRUE(dev.Write(PoolBlock(2), 0, Pattern(bs, 2)).ok());
+  ASSERT_TRUE(dev.Sync().ok());
+  EXPECT_EQ(dev.sync_count(), 1u);
+  EXPECT_EQ(dev.unsynced_ops(), 0u);
+
+  // After the sync: overwrite a synced block, write a new one, discard one.
+  ASSERT_TRUE(dev.Write(PoolBlock(1), 10, Pattern(20, 11)).ok());
+  ASSERT_TRUE(dev.Write(PoolBlock(3), 0, Pattern(bs, 3)).ok());
+  ASSERT_TRUE(dev.Discard(PoolBlock(2), 1).ok());
+  EXPECT_EQ(dev.unsynced_ops(), 3u);
+  EXPECT_EQ(ReadBack(dev, 1, 10, 20), Pattern(20, 11));  // reads see current
+  EXPECT_TRUE(AllZero(ReadBack(dev, 2, 0, bs)));
+
+  dev.DropUnsyncedWrites();
+  EXPECT_EQ(dev.unsynced_ops(), 0u);
+  EXPECT_EQ(ReadBack(dev, 1, 0, bs), Pattern(bs, 1));
+  EXPECT_EQ(ReadBack(dev, 2, 0, bs), Pattern(bs, 2));
+  EXPECT_TRUE(AllZero(ReadBack(dev, 3, 0, bs)));
+  EXPECT_EQ(dev.sync_count(), 1u);
+
+  // What is synced now survives the next crash.
+  ASSERT_TRUE(dev.Write(PoolBlock(3), 0, Pattern(bs, 33)).ok());
+  ASSERT_TRUE(dev.Sync().ok());
+  dev.DropUnsyncedWrites();
+  EXPECT_EQ(ReadBack(dev, 3, 0, bs), Pattern(bs, 33));
+  EXPECT_EQ(dev.sync_count(), 2u);
+}
+
+TEST(FaultInjectionBlockDeviceTest, FailsTheNthIoOnce) {
+  const uint64_t bs = 4096;
+  FaultInjectionBlockDevice dev(Geometry(bs, 8));
+  dev.FailNthIo(3);
+  ASSERT_TRUE(dev.Write(PoolBlock(0), 0, Pattern(bs, 0)).ok());  // 1
+  EXPECT_EQ(ReadBack(dev, 0, 0, bs), Pattern(bs, 0));            // 2
+  Status s = dev.Write(PoolBlock(1), 0, Pattern(bs, 1));         // 3: fails
+  EXPECT_EQ(s.code(), Status::Code::kIOError) << s.ToString();
+  EXPECT_EQ(s.saved_errno(), EIO);
+  EXPECT_TRUE(AllZero(ReadBack(dev, 1, 0, bs)));                 // the failed write had no effect
+  ASSERT_TRUE(dev.Write(PoolBlock(1), 0, Pattern(bs, 1)).ok());  // later ones pass
+
+  // A failed Sync makes nothing durable.
+  dev.FailNthIo(1);
+  s = dev.Sync();
+  EXPECT_EQ(s.code(), Status::Code::kIOError);
+  EXPECT_EQ(s.saved_errno(), EIO);
+  EXPECT_EQ(dev.sync_count(), 0u);
+  dev.DropUnsyncedWrites();
+  EXPECT_TRUE(AllZero(ReadBack(dev, 0, 0, bs)));
+
+  // A failed Read fails; 0 disables a pending failure.
+  dev.FailNthIo(1);
+  std::vector<std::byte> buf(16);
+  EXPECT_EQ(dev.Read(PoolBlock(0), 0, buf).code(), Status::Code::kIOError);
+  dev.FailNthIo(2);
+  dev.FailNthIo(0);
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(dev.Read(PoolBlock(0), 0, buf).ok());
+}
+
+TEST(FaultInjectionBlockDeviceTest, TornWritesPersistNothingHalfOrAllPerWrite) {
+  const uint64_t bs = 4096;
+  const uint64_t seed = std::random_device()();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::cerr << "torn write seed " << seed << "\n";
+  FaultInjectionBlockDevice dev(Geometry(bs, 256), seed);
+  EXPECT_EQ(dev.seed(), seed);
+  ASSERT_TRUE(dev.Write(PoolBlock(0), 0, Pattern(bs, 1000)).ok());
+  ASSERT_TRUE(dev.Sync().ok());
+  for (uint64_t b = 1; b < 256; ++b) ASSERT_TRUE(dev.Write(PoolBlock(b), 0, Pattern(bs, b)).ok());
+  dev.SetTornWriteOnCrash(true);
+  dev.DropUnsyncedWrites();
+
+  EXPECT_EQ(ReadBack(dev, 0, 0, bs), Pattern(bs, 1000));  // synced: intact
+  int lost = 0, half = 0, whole = 0;
+  for (uint64_t b = 1; b < 256; ++b) {
+    std::vector<std::byte> got = ReadBack(dev, b, 0, bs);
+    std::vector<std::byte> want = Pattern(bs, b);
+    std::vector<std::byte> first(got.begin(), got.begin() + bs / 2);
+    std::vector<std::byte> second(got.begin() + bs / 2, got.end());
+    if (AllZero(got)) {
+      ++lost;
+    } else if (got == want) {
+      ++whole;
+    } else {
+      ASSERT_EQ(first, std::vector<std::byte>(want.begin(), want.begin() + bs / 2)) << b;
+      ASSERT_TRUE(AllZero(second)) << b;
+      ++half;
+    }
+  }
+  // 255 independent three-way choices: each outcome occurs.
+  EXPECT_GT(lost, 0);
+  EXPECT_GT(half, 0);
+  EXPECT_GT(whole, 0);
+}
+
+}  // namespace
+}  // namespace thinfs

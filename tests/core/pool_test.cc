@@ -1,0 +1,603 @@
+// Focused engine tests: one per DESIGN.md invariant, the I/O contract, and
+// each bad input.
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+
+#include "tests/util/engine_fixture.h"
+
+namespace thinfs {
+namespace {
+
+using testing::EngineFixture;
+using testing::Pattern;
+
+constexpr uint64_t kBs = 4096;
+
+std::shared_ptr<Volume> Open(Pool& p, const std::string& name) {
+  auto v = p.OpenVolume(name);
+  EXPECT_TRUE(v.ok()) << v.status().ToString();
+  return v.ok() ? *v : nullptr;
+}
+
+TEST(PoolTest, UnprovisionedReadsZerosAndTakesNoSpace) {
+  EngineFixture f(kBs, 64);
+  ASSERT_TRUE(f.pool->CreateDevice("v", 1 << 20).ok());
+  auto buf = f.ReadAll("v");
+  EXPECT_EQ(buf, std::vector<std::byte>(1 << 20));
+  EXPECT_EQ(f.pool->Stats().used_blocks, 0u);
+  EXPECT_EQ(f.pool->GetDevice("v")->mapped_blocks, 0u);
+}
+
+TEST(PoolTest, UnalignedWritesAcrossBlocksRoundTrip) {
+  for (uint64_t bs : {uint64_t{4096}, uint64_t{12288}}) {
+    EngineFixture f(bs, 64);
+    ASSERT_TRUE(f.pool->CreateDevice("v", 10 * bs).ok());
+    auto v = Open(*f.pool, "v");
+    std::vector<std::byte> model(10 * bs);
+    struct W {
+      uint64_t off, len;
+    };
+    for (W w : {W{1, 10}, W{bs - 3, 7}, W{2 * bs + 100, 3 * bs}, W{9 * bs, bs}, W{0, 1}}) {
+      auto data = Pattern(w.len, static_cast<uint32_t>(w.off));
+      ASSERT_OK(v->Write(w.off, data));
+      std::memcpy(model.data() + w.off, data.data(), w.len);
+      EXPECT_EQ(f.ReadAll("v"), model) << "bs " << bs << " after write at " << w.off;
+    }
+    // Short read at the end, zero-length read past it.
+    std::vector<std::byte> tail(100);
+    auto n = v->Read(10 * bs - 40, tail);
+    ASSERT_TRUE(n.ok());
+    EXPECT_EQ(*n, 40u);
+    n = v->Read(10 * bs, tail);
+    ASSERT_TRUE(n.ok());
+    EXPECT_EQ(*n, 0u);
+  }
+}
+
+TEST(PoolTest, GenericGeometryPathGivesSameResults) {
+  PoolOptions o = EngineFixture::DefaultOptions();
+  o.force_generic_geometry_for_testing = true;
+  EngineFixture f(kBs, 64, o);
+  EXPECT_FALSE(f.pool->geometry().fast_path());
+  ASSERT_TRUE(f.pool->CreateDevice("v", 8 * kBs).ok());
+  auto v = Open(*f.pool, "v");
+  auto data = Pattern(3 * kBs, 7);
+  ASSERT_OK(v->Write(kBs / 2, data));
+  auto all = f.ReadAll("v");
+  EXPECT_EQ(std::memcmp(all.data() + kBs / 2, data.data(), data.size()), 0);
+}
+
+// Invariant 1: a snapshot writes a constant number of records, and reads of
+// the origin do the same work however many snapshots exist.
+TEST(PoolTest, Invariant1SnapshotIsConstantSize) {
+  EngineFixture f(kBs, 4096);
+  for (uint64_t mapped : {uint64_t{10}, uint64_t{1000}}) {
+    std::string name = "o" + std::to_string(mapped);
+    ASSERT_TRUE(f.pool->CreateDevice(name, 2000 * kBs).ok());
+    auto v = Open(*f.pool, name);
+    for (uint64_t b = 0; b < mapped; ++b) ASSERT_OK(v->Write(b * kBs, Pattern(kBs, b)));
+    ASSERT_OK(f.pool->Commit());
+    ASSERT_TRUE(f.pool->CreateSnapshot(name, name + "-snap").ok());
+    EXPECT_EQ(f.counting->last_batch_records.load(), 2u) << "origin with " << mapped << " blocks";
+  }
+  // Reads of the origin: the same number of store lookups with 0 and 100
+  // snapshots.
+  auto v = Open(*f.pool, "o10");
+  std::vector<std::byte> buf(10 * kBs);
+  ASSERT_OK(f.pool->Commit());
+  uint64_t before = f.counting->finds.load();
+  ASSERT_TRUE(v->Read(0, buf).ok());
+  uint64_t with_one = f.counting->finds.load() - before;
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_TRUE(f.pool->CreateSnapshot("o10", "s" + std::to_string(i)).ok());
+  }
+  before = f.counting->finds.load();
+  ASSERT_TRUE(v->Read(0, buf).ok());
+  EXPECT_EQ(f.counting->finds.load() - before, with_one);
+}
+
+// Invariant 2: writing a shared block copies it; an unshared one is written
+// in place.
+TEST(PoolTest, Invariant2CowExactlyWhenShared) {
+  EngineFixture f(kBs, 64);
+  ASSERT_TRUE(f.pool->CreateDevice("o", 4 * kBs).ok());
+  auto o = Open(*f.pool, "o");
+  auto a = Pattern(kBs, 1);
+  ASSERT_OK(o->Write(0, a));
+  EXPECT_EQ(f.pool->Stats().provisions, 1u);
+  ASSERT_OK(o->Write(10, Pattern(100, 2)));  // in place
+  EXPECT_EQ(f.pool->Stats().provisions, 1u);
+  std::memcpy(a.data() + 10, Pattern(100, 2).data(), 100);
+  ASSERT_TRUE(f.pool->CreateSnapshot("o", "s").ok());
+  auto b = Pattern(100, 3);
+  ASSERT_OK(o->Write(200, b));  // shared with s: copy
+  EXPECT_EQ(f.pool->Stats().provisions, 2u);
+  EXPECT_EQ(f.pool->Stats().cow_copies, 1u);
+  ASSERT_OK(o->Write(300, b));  // now exclusive: in place
+  EXPECT_EQ(f.pool->Stats().provisions, 2u);
+  auto s_all = f.ReadAll("s");
+  EXPECT_EQ(std::memcmp(s_all.data(), a.data(), kBs), 0) << "snapshot changed by origin write";
+  auto o_all = f.ReadAll("o");
+  EXPECT_EQ(std::memcmp(o_all.data() + 200, b.data(), 100), 0);
+  // Writing the snapshot copies too, and leaves the origin alone.
+  auto s = Open(*f.pool, "s");
+  ASSERT_OK(s->Write(0, Pattern(kBs, 9)));
+  EXPECT_EQ(f.ReadAll("o"), o_all);
+  f.CheckConsistency(false);
+}
+
+// Invariant 3: a new block never shows another device's old bytes.
+TEST(PoolTest, Invariant3NoStaleData) {
+  EngineFixture f(kBs, 16);
+  ASSERT_TRUE(f.pool->CreateDevice("a", 16 * kBs).ok());
+  auto a = Open(*f.pool, "a");
+  std::vector<std::byte> fill(16 * kBs, std::byte{0xAB});
+  ASSERT_OK(a->Write(0, fill));
+  EXPECT_EQ(f.pool->Stats().free_blocks, 0u);
+  a.reset();
+  ASSERT_OK(f.pool->DeleteDevice("a"));
+  ASSERT_OK(f.pool->RunGcForTesting());
+  EXPECT_EQ(f.pool->Stats().free_blocks, 16u);
+  ASSERT_TRUE(f.pool->CreateDevice("b", 16 * kBs).ok());
+  auto b = Open(*f.pool, "b");
+  for (uint64_t blk = 0; blk < 16; ++blk) ASSERT_OK(b->Write(blk * kBs + 5, Pattern(3, 1)));
+  auto all = f.ReadAll("b");
+  for (uint64_t blk = 0; blk < 16; ++blk) {
+    for (uint64_t i = 0; i < kBs; ++i) {
+      if (i >= 5 && i < 8) continue;
+      ASSERT_EQ(all[blk * kBs + i], std::byte{0}) << "stale byte in block " << blk;
+    }
+  }
+}
+
+// Invariant 4: a freed block is reusable only after the commit that freed it.
+TEST(PoolTest, Invariant4FreesWaitForCommit) {
+  EngineFixture f(kBs, 8);
+  ASSERT_TRUE(f.pool->CreateDevice("v", 4 * kBs).ok());
+  auto v = Open(*f.pool, "v");
+  auto data = Pattern(kBs, 4);
+  ASSERT_OK(v->Write(0, data));
+  ASSERT_OK(f.pool->Commit());
+  auto m = f.pool->MappedBlockForTesting(v->id(), 0);
+  ASSERT_TRUE(m.ok() && *m);
+  PoolBlock blk = **m;
+  ASSERT_OK(v->Discard(0, kBs));
+  EXPECT_TRUE(f.space->IsAllocated(blk)) << "freed before the commit";
+  // A crash now must bring the old mapping and its data back intact.
+  f.Crash();
+  EXPECT_EQ(std::memcmp(f.ReadAll("v").data(), data.data(), kBs), 0);
+  v = Open(*f.pool, "v");
+  ASSERT_OK(v->Discard(0, kBs));
+  ASSERT_OK(f.pool->Commit());
+  EXPECT_FALSE(f.space->IsAllocated(blk));
+  EXPECT_EQ(f.ReadAll("v"), std::vector<std::byte>(4 * kBs));
+}
+
+// Invariant 5: after Flush, everything written before survives power loss.
+TEST(PoolTest, Invariant5FlushIsDurable) {
+  EngineFixture f(kBs, 64);
+  ASSERT_TRUE(f.pool->CreateDevice("v", 8 * kBs).ok());
+  auto v = Open(*f.pool, "v");
+  auto first = Pattern(3 * kBs + 17, 5);
+  ASSERT_OK(v->Write(100, first));
+  ASSERT_OK(v->Flush());
+  ASSERT_OK(v->Write(100, Pattern(kBs, 6)));  // in place, not flushed
+  ASSERT_OK(v->Write(6 * kBs, Pattern(kBs, 7)));  // new block, not flushed
+  v.reset();
+  f.Crash();
+  auto all = f.ReadAll("v");
+  EXPECT_EQ(std::memcmp(all.data() + 100, first.data(), first.size()), 0);
+  EXPECT_EQ(f.pool->GetDevice("v")->mapped_blocks, 4u);
+  f.CheckConsistency(false);
+}
+
+// Invariant 6: after a crash the space map covers every mapped block.
+TEST(PoolTest, Invariant6BitmapNeverUnderReports) {
+  EngineFixture f(kBs, 64);
+  ASSERT_TRUE(f.pool->CreateDevice("v", 32 * kBs).ok());
+  auto v = Open(*f.pool, "v");
+  for (int round = 0; round < 5; ++round) {
+    for (uint64_t b = 0; b < 32; b += 2) ASSERT_OK(v->Write(b * kBs, Pattern(kBs, round)));
+    ASSERT_OK(f.pool->Commit());
+    ASSERT_OK(v->Discard(0, 16 * kBs));
+    ASSERT_TRUE(f.pool->CreateSnapshot("v", "s" + std::to_string(round)).ok());
+    for (uint64_t b = 1; b < 32; b += 4) ASSERT_OK(v->Write(b * kBs, Pattern(kBs, round + 9)));
+    v.reset();
+    f.Crash();
+    f.CheckConsistency(false);
+    v = Open(*f.pool, "v");
+  }
+}
+
+// Invariant 7: a full pool fails writes that need a block, and only those.
+TEST(PoolTest, Invariant7FullPoolIsAnError) {
+  EngineFixture f(kBs, 4);
+  ASSERT_TRUE(f.pool->CreateDevice("v", 8 * kBs).ok());
+  auto v = Open(*f.pool, "v");
+  auto data = Pattern(4 * kBs, 8);
+  ASSERT_OK(v->Write(0, data));
+  Status s = v->Write(4 * kBs, Pattern(kBs, 9));
+  EXPECT_TRUE(s.IsNoSpace()) << s.ToString();
+  // Reads and in-place overwrites still work; nothing written is lost.
+  ASSERT_OK(v->Write(kBs, Pattern(kBs, 10)));
+  std::memcpy(data.data() + kBs, Pattern(kBs, 10).data(), kBs);
+  auto all = f.ReadAll("v");
+  EXPECT_EQ(std::memcmp(all.data(), data.data(), 4 * kBs), 0);
+  // Discarding makes room again (the free waits for the commit the engine
+  // runs when it finds the pool full).
+  ASSERT_OK(v->Discard(0, kBs));
+  ASSERT_OK(v->Write(4 * kBs, Pattern(kBs, 9)));
+}
+
+TEST(PoolTest, NoSpaceTimeoutWaitsThenFails) {
+  PoolOptions o = EngineFixture::DefaultOptions();
+  o.no_space_timeout = std::chrono::milliseconds(300);
+  EngineFixture f(kBs, 2, o);
+  ASSERT_TRUE(f.pool->CreateDevice("v", 4 * kBs).ok());
+  auto v = Open(*f.pool, "v");
+  ASSERT_OK(v->Write(0, Pattern(2 * kBs, 1)));
+  auto start = std::chrono::steady_clock::now();
+  Status s = v->Write(2 * kBs, Pattern(kBs, 2));
+  EXPECT_TRUE(s.IsNoSpace());
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(250));
+}
+
+TEST(PoolTest, ZeroDetectionUnmaps) {
+  EngineFixture f(kBs, 16);
+  ASSERT_TRUE(f.pool->CreateDevice("v", 4 * kBs).ok());
+  auto v = Open(*f.pool, "v");
+  std::vector<std::byte> zeros(kBs);
+  ASSERT_OK(v->Write(0, zeros));
+  EXPECT_EQ(f.pool->Stats().provisions, 0u);
+  ASSERT_OK(v->Write(kBs, Pattern(kBs, 1)));
+  EXPECT_EQ(f.pool->GetDevice("v")->mapped_blocks, 1u);
+  ASSERT_OK(v->Write(kBs, zeros));
+  EXPECT_EQ(f.pool->GetDevice("v")->mapped_blocks, 0u);
+  ASSERT_OK(f.pool->Commit());
+  EXPECT_EQ(f.pool->Stats().used_blocks, 0u);
+
+  PoolOptions o = EngineFixture::DefaultOptions();
+  o.zero_detection = false;
+  EngineFixture g(kBs, 16, o);
+  ASSERT_TRUE(g.pool->CreateDevice("v", 4 * kBs).ok());
+  auto w = Open(*g.pool, "v");
+  ASSERT_OK(w->Write(0, zeros));
+  EXPECT_EQ(g.pool->GetDevice("v")->mapped_blocks, 1u);
+}
+
+TEST(PoolTest, FullBlockWriteNeverReadsOldBlock) {
+  EngineFixture f(kBs, 16);
+  ASSERT_TRUE(f.pool->CreateDevice("o", 4 * kBs).ok());
+  auto o = Open(*f.pool, "o");
+  ASSERT_OK(o->Write(0, Pattern(4 * kBs, 1)));
+  ASSERT_TRUE(f.pool->CreateSnapshot("o", "s").ok());
+  // A whole-block overwrite of a shared block: provision without copying.
+  // Make the old block unreadable: the write must still succeed.
+  f.data->FailNthIo(0);
+  uint64_t cow = f.pool->Stats().cow_copies;
+  ASSERT_OK(o->Write(kBs, Pattern(kBs, 2)));
+  EXPECT_EQ(f.pool->Stats().cow_copies, cow);
+  ASSERT_OK(o->Write(2 * kBs + 1, Pattern(10, 3)));
+  EXPECT_EQ(f.pool->Stats().cow_copies, cow + 1);
+}
+
+TEST(PoolTest, DiscardAndSeek) {
+  EngineFixture f(kBs, 64);
+  ASSERT_TRUE(f.pool->CreateDevice("v", 16 * kBs).ok());
+  auto v = Open(*f.pool, "v");
+  ASSERT_OK(v->Write(3 * kBs, Pattern(2 * kBs, 1)));
+  ASSERT_OK(v->Write(10 * kBs, Pattern(kBs, 2)));
+  EXPECT_EQ(*v->SeekData(0), 3 * kBs);
+  EXPECT_EQ(*v->SeekHole(3 * kBs), 5 * kBs);
+  EXPECT_EQ(*v->SeekData(5 * kBs), 10 * kBs);
+  EXPECT_EQ(*v->SeekHole(0), 0u);
+  EXPECT_EQ(*v->SeekHole(10 * kBs + 5), 11 * kBs);
+  EXPECT_TRUE(v->SeekData(11 * kBs).status().IsNotFound());
+  // Discard with unaligned edges: whole blocks unmapped, edges zeroed.
+  ASSERT_OK(v->Discard(3 * kBs + 100, 2 * kBs));
+  auto all = f.ReadAll("v");
+  auto p = Pattern(2 * kBs, 1);
+  EXPECT_EQ(std::memcmp(all.data() + 3 * kBs, p.data(), 100), 0);
+  for (uint64_t i = 3 * kBs + 100; i < 5 * kBs + 100; ++i) ASSERT_EQ(all[i], std::byte{0});
+  EXPECT_EQ(f.pool->GetDevice("v")->mapped_blocks, 3u);  // 3 and 5 partly, 10
+  ASSERT_OK(v->Discard(0, 16 * kBs));
+  EXPECT_EQ(f.pool->GetDevice("v")->mapped_blocks, 0u);
+  ASSERT_OK(f.pool->Commit());
+  EXPECT_EQ(f.pool->Stats().used_blocks, 0u);
+}
+
+TEST(PoolTest, DiscardOfSnapshotOriginKeepsSnapshot) {
+  EngineFixture f(kBs, 64);
+  ASSERT_TRUE(f.pool->CreateDevice("o", 8 * kBs).ok());
+  auto o = Open(*f.pool, "o");
+  auto data = Pattern(8 * kBs, 3);
+  ASSERT_OK(o->Write(0, data));
+  ASSERT_TRUE(f.pool->CreateSnapshot("o", "s").ok());
+  ASSERT_OK(o->Discard(0, 8 * kBs));
+  EXPECT_EQ(f.ReadAll("o"), std::vector<std::byte>(8 * kBs));
+  EXPECT_EQ(f.ReadAll("s"), data);
+  ASSERT_OK(o->Write(kBs, Pattern(kBs, 4)));
+  ASSERT_OK(o->Discard(kBs, kBs));  // removes the new version, keeps hiding
+  EXPECT_EQ(f.ReadAll("o"), std::vector<std::byte>(8 * kBs));
+  ASSERT_OK(f.pool->RunGcForTesting());
+  f.CheckConsistency(true);
+}
+
+TEST(PoolTest, DeleteOriginWithSnapshotsAndCollect) {
+  EngineFixture f(kBs, 64);
+  ASSERT_TRUE(f.pool->CreateDevice("o", 8 * kBs).ok());
+  auto o = Open(*f.pool, "o");
+  auto data = Pattern(8 * kBs, 3);
+  ASSERT_OK(o->Write(0, data));
+  ASSERT_TRUE(f.pool->CreateSnapshot("o", "s1").ok());
+  ASSERT_OK(o->Write(0, Pattern(4 * kBs, 4)));
+  ASSERT_TRUE(f.pool->CreateSnapshot("o", "s2").ok());
+  o.reset();
+  ASSERT_OK(f.pool->DeleteDevice("o"));
+  EXPECT_TRUE(f.pool->OpenVolume("o").status().IsNotFound());
+  ASSERT_OK(f.pool->RunGcForTesting());
+  EXPECT_EQ(f.ReadAll("s1"), data);
+  f.CheckConsistency(true);
+  EXPECT_EQ(f.pool->Stats().used_blocks, 12u);
+  ASSERT_OK(f.pool->DeleteDevice("s1"));
+  ASSERT_OK(f.pool->RunGcForTesting());
+  f.CheckConsistency(true);
+  EXPECT_EQ(f.pool->Stats().used_blocks, 8u);
+  ASSERT_OK(f.pool->DeleteDevice("s2"));
+  ASSERT_OK(f.pool->RunGcForTesting());
+  EXPECT_EQ(f.pool->Stats().used_blocks, 0u);
+  // Every record is gone once collected.
+  auto recs = f.store->LoadDevices();
+  ASSERT_TRUE(recs.ok());
+  EXPECT_TRUE(recs->empty());
+}
+
+TEST(PoolTest, GcProgressSurvivesRestart) {
+  EngineFixture f(kBs, 256);
+  ASSERT_TRUE(f.pool->CreateDevice("v", 200 * kBs).ok());
+  auto v = Open(*f.pool, "v");
+  ASSERT_OK(v->Write(0, Pattern(200 * kBs, 1)));
+  v.reset();
+  ASSERT_OK(f.pool->DeleteDevice("v"));  // committed; collection pending
+  f.Crash();
+  ASSERT_OK(f.pool->RunGcForTesting());
+  EXPECT_EQ(f.pool->Stats().used_blocks, 0u);
+}
+
+TEST(PoolTest, ShareRangeSharesAlignedBlocksAndCopiesEdges) {
+  EngineFixture f(kBs, 64);
+  ASSERT_TRUE(f.pool->CreateDevice("a", 8 * kBs).ok());
+  ASSERT_TRUE(f.pool->CreateDevice("b", 8 * kBs).ok());
+  auto a = Open(*f.pool, "a");
+  auto b = Open(*f.pool, "b");
+  auto data = Pattern(8 * kBs, 1);
+  ASSERT_OK(a->Write(0, data));
+  uint64_t used = f.pool->Stats().used_blocks;
+  ASSERT_OK(f.pool->ShareRange(a->id(), 100, b->id(), 100, 5 * kBs));
+  // Blocks 1..4 shared, the edges (block 0 tail, block 5 head) copied.
+  EXPECT_EQ(f.pool->Stats().used_blocks, used + 2);
+  auto ball = f.ReadAll("b");
+  EXPECT_EQ(std::memcmp(ball.data() + 100, data.data() + 100, 5 * kBs), 0);
+  f.CheckConsistency(false);
+  // Writes on either side stay on that side.
+  ASSERT_OK(a->Write(2 * kBs, Pattern(10, 2)));
+  ASSERT_OK(b->Write(3 * kBs, Pattern(10, 3)));
+  EXPECT_EQ(std::memcmp(f.ReadAll("b").data() + 2 * kBs, data.data() + 2 * kBs, 10), 0);
+  EXPECT_EQ(std::memcmp(f.ReadAll("a").data() + 3 * kBs, data.data() + 3 * kBs, 10), 0);
+  auto usage = f.pool->ComputeUsage(b->id());
+  ASSERT_TRUE(usage.ok());
+  EXPECT_EQ(usage->mapped_blocks, 6u);
+  EXPECT_EQ(usage->shared_blocks, 2u);  // blocks 1 and 4 still shared
+  f.CheckConsistency(false);
+  a.reset();
+  ASSERT_OK(f.pool->DeleteDevice("a"));
+  ASSERT_OK(f.pool->RunGcForTesting());
+  f.CheckConsistency(true);
+}
+
+TEST(PoolTest, WholeDeviceCopyOntoEmptyDeviceIsASnapshot) {
+  EngineFixture f(kBs, 64);
+  ASSERT_TRUE(f.pool->CreateDevice("a", 16 * kBs).ok());
+  ASSERT_TRUE(f.pool->CreateDevice("b", 16 * kBs).ok());
+  auto a = Open(*f.pool, "a");
+  ASSERT_OK(a->Write(0, Pattern(16 * kBs, 1)));
+  ASSERT_OK(f.pool->Commit());
+  uint64_t used = f.pool->Stats().used_blocks;
+  ASSERT_OK(f.pool->ShareRange(a->id(), 0, f.pool->GetDevice("b")->id, 0, 16 * kBs));
+  EXPECT_EQ(f.counting->last_batch_records.load(), 2u);
+  EXPECT_EQ(f.pool->Stats().used_blocks, used);
+  EXPECT_EQ(f.ReadAll("b"), f.ReadAll("a"));
+  EXPECT_EQ(f.pool->GetDevice("b")->parent_name, "a");
+}
+
+TEST(PoolTest, ConcurrentWritersProvisionABlockOnce) {
+  EngineFixture f(kBs, 64);
+  ASSERT_TRUE(f.pool->CreateDevice("v", 4 * kBs).ok());
+  auto v = Open(*f.pool, "v");
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 50; ++i) {
+        EXPECT_OK(v->Write(static_cast<uint64_t>(t) * 16, Pattern(16, t)));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(f.pool->GetDevice("v")->mapped_blocks, 1u);
+  ASSERT_OK(f.pool->Commit());
+  EXPECT_EQ(f.pool->Stats().used_blocks, 1u);
+  auto all = f.ReadAll("v");
+  for (int t = 0; t < 8; ++t) {
+    EXPECT_EQ(std::memcmp(all.data() + t * 16, Pattern(16, t).data(), 16), 0);
+  }
+}
+
+TEST(PoolTest, ConcurrentIoSnapshotsAndCommits) {
+  PoolOptions o = EngineFixture::DefaultOptions();
+  o.commit_interval = std::chrono::milliseconds(5);
+  o.background_gc = true;
+  EngineFixture f(kBs, 4096, o);
+  constexpr int kThreads = 4;
+  constexpr uint64_t kBlocks = 64;
+  for (int t = 0; t < kThreads; ++t) {
+    ASSERT_TRUE(f.pool->CreateDevice("v" + std::to_string(t), kBlocks * kBs).ok());
+  }
+  std::atomic<bool> stop{false};
+  std::thread snapper([&] {
+    int n = 0;
+    while (!stop.load()) {
+      std::string name = "snap" + std::to_string(n % 3);
+      (void)f.pool->DeleteDevice(name);
+      EXPECT_TRUE(f.pool->CreateSnapshot("v0", name).ok());
+      ++n;
+    }
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      auto v = Open(*f.pool, "v" + std::to_string(t));
+      std::vector<std::vector<std::byte>> model(kBlocks, std::vector<std::byte>(kBs));
+      uint32_t x = 12345 + t;
+      for (int i = 0; i < 1500; ++i) {
+        x = x * 1103515245 + 12345;
+        uint64_t b = (x >> 8) % kBlocks;
+        if ((x & 7) == 0) {
+          EXPECT_OK(v->Discard(b * kBs, kBs));
+          std::fill(model[b].begin(), model[b].end(), std::byte{0});
+        } else if ((x & 7) < 4) {
+          auto d = Pattern(kBs, x);
+          EXPECT_OK(v->Write(b * kBs, d));
+          model[b] = d;
+        } else {
+          std::vector<std::byte> got(kBs);
+          EXPECT_TRUE(v->Read(b * kBs, got).ok());
+          EXPECT_EQ(got, model[b]) << "thread " << t << " block " << b;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  stop.store(true);
+  snapper.join();
+  ASSERT_OK(f.pool->RunGcForTesting());
+  f.CheckConsistency(true);
+}
+
+TEST(PoolTest, BadInputChangesNothing) {
+  EngineFixture f(kBs, 64);
+  ASSERT_TRUE(f.pool->CreateDevice("v", 4 * kBs).ok());
+  uint64_t txid = f.pool->Stats().transaction_id;
+  EXPECT_EQ(f.pool->CreateDevice("v", kBs).status().code(), Status::Code::kExists);
+  EXPECT_TRUE(f.pool->CreateDevice("", kBs).status().IsInvalidArgument());
+  EXPECT_TRUE(f.pool->CreateDevice(".hidden", kBs).status().IsInvalidArgument());
+  EXPECT_TRUE(f.pool->CreateDevice("a/b", kBs).status().IsInvalidArgument());
+  EXPECT_TRUE(f.pool->CreateDevice("..", kBs).status().IsInvalidArgument());
+  EXPECT_TRUE(f.pool->CreateDevice(std::string("a\0b", 3), kBs).status().IsInvalidArgument());
+  EXPECT_TRUE(f.pool->CreateDevice("tab\there", kBs).status().IsInvalidArgument());
+  EXPECT_EQ(f.pool->CreateDevice(std::string(129, 'x'), kBs).status().code(),
+            Status::Code::kNameTooLong);
+  EXPECT_TRUE(f.pool->CreateDevice(std::string(128, 'x'), kBs).ok());
+  txid = f.pool->Stats().transaction_id;
+  EXPECT_TRUE(f.pool->CreateSnapshot("missing", "s").status().IsNotFound());
+  EXPECT_EQ(f.pool->CreateSnapshot("v", "v").status().code(), Status::Code::kExists);
+  EXPECT_TRUE(f.pool->DeleteDevice("missing").IsNotFound());
+  EXPECT_TRUE(f.pool->ResizeDevice("missing", kBs).IsNotFound());
+  EXPECT_TRUE(f.pool->RenameDevice("missing", "x").IsNotFound());
+  EXPECT_EQ(f.pool->RenameDevice("v", std::string(128, 'x')).code(), Status::Code::kExists);
+  EXPECT_TRUE(f.pool->RenameDevice("v", "bad/name").IsInvalidArgument());
+  auto v = Open(*f.pool, "v");
+  EXPECT_TRUE(v->Write(4 * kBs - 1, Pattern(2, 1)).IsInvalidArgument());
+  EXPECT_TRUE(v->Write(5 * kBs, Pattern(1, 1)).IsInvalidArgument());
+  EXPECT_EQ(f.pool->Stats().transaction_id, txid);
+  EXPECT_EQ(f.pool->ListDevices().size(), 2u);
+  EXPECT_EQ(f.pool->Stats().used_blocks, 0u);
+}
+
+TEST(PoolTest, ResizeShrinkUnmapsAndGrowReadsZeros) {
+  EngineFixture f(kBs, 64);
+  ASSERT_TRUE(f.pool->CreateDevice("v", 8 * kBs).ok());
+  auto v = Open(*f.pool, "v");
+  ASSERT_OK(v->Write(0, Pattern(8 * kBs, 1)));
+  ASSERT_TRUE(f.pool->CreateSnapshot("v", "s").ok());
+  ASSERT_OK(f.pool->ResizeDevice("v", 3 * kBs + 10));
+  EXPECT_EQ(v->size(), 3 * kBs + 10);
+  ASSERT_OK(f.pool->ResizeDevice("v", 8 * kBs));
+  auto all = f.ReadAll("v");
+  auto p = Pattern(8 * kBs, 1);
+  EXPECT_EQ(std::memcmp(all.data(), p.data(), 3 * kBs + 10), 0);
+  for (uint64_t i = 3 * kBs + 10; i < 8 * kBs; ++i) ASSERT_EQ(all[i], std::byte{0});
+  EXPECT_EQ(f.ReadAll("s"), p);
+  ASSERT_OK(f.pool->DeleteDevice("s"));
+  ASSERT_OK(f.pool->RunGcForTesting());
+  f.CheckConsistency(true);
+  EXPECT_EQ(f.pool->Stats().used_blocks, 4u);
+}
+
+TEST(PoolTest, RenameAndReplace) {
+  EngineFixture f(kBs, 64);
+  ASSERT_TRUE(f.pool->CreateDevice("a", kBs).ok());
+  ASSERT_TRUE(f.pool->CreateDevice("b", kBs).ok());
+  auto a = Open(*f.pool, "a");
+  ASSERT_OK(a->Write(0, Pattern(kBs, 1)));
+  ASSERT_OK(f.pool->RenameDevice("a", "c"));
+  EXPECT_TRUE(f.pool->GetDevice("a").status().IsNotFound());
+  ASSERT_OK(f.pool->RenameDevice("c", "b", /*replace=*/true));
+  EXPECT_EQ(f.ReadAll("b"), Pattern(kBs, 1));
+  EXPECT_EQ(f.pool->ListDevices().size(), 1u);
+  f.CleanReopen();
+  EXPECT_EQ(f.ReadAll("b"), Pattern(kBs, 1));
+}
+
+TEST(PoolTest, DetachedDeviceWorksUntilDeletedAndDiesWithACrash) {
+  EngineFixture f(kBs, 64);
+  ASSERT_TRUE(f.pool->CreateDevice("a", 2 * kBs).ok());
+  auto a = Open(*f.pool, "a");
+  ASSERT_OK(f.pool->DetachName("a"));
+  EXPECT_TRUE(f.pool->GetDevice("a").status().IsNotFound());
+  ASSERT_OK(a->Write(0, Pattern(kBs, 1)));
+  std::vector<std::byte> buf(kBs);
+  ASSERT_TRUE(a->Read(0, buf).ok());
+  EXPECT_EQ(buf, Pattern(kBs, 1));
+  ASSERT_OK(f.pool->Commit());
+  a.reset();
+  f.Crash();  // the orphan is deleted at open
+  ASSERT_OK(f.pool->RunGcForTesting());
+  EXPECT_EQ(f.pool->Stats().used_blocks, 0u);
+}
+
+TEST(PoolTest, FailedCommitMakesThePoolReadOnly) {
+  EngineFixture f(kBs, 64);
+  ASSERT_TRUE(f.pool->CreateDevice("v", 2 * kBs).ok());
+  auto v = Open(*f.pool, "v");
+  ASSERT_OK(v->Write(0, Pattern(kBs, 1)));
+  f.store->FailNextCommit();
+  EXPECT_FALSE(f.pool->Commit().ok());
+  EXPECT_EQ(v->Write(0, Pattern(kBs, 2)).code(), Status::Code::kReadOnly);
+  EXPECT_TRUE(f.pool->Stats().read_only);
+  std::vector<std::byte> buf(kBs);
+  EXPECT_TRUE(v->Read(0, buf).ok());
+}
+
+TEST(PoolTest, CleanReopenKeepsEverything) {
+  EngineFixture f(kBs, 64);
+  ASSERT_TRUE(f.pool->CreateDevice("v", 8 * kBs).ok());
+  auto v = Open(*f.pool, "v");
+  ASSERT_OK(v->Write(7, Pattern(5 * kBs, 1)));
+  ASSERT_TRUE(f.pool->CreateSnapshot("v", "s").ok());
+  ASSERT_OK(v->Write(kBs, Pattern(kBs, 2)));
+  auto before_v = f.ReadAll("v");
+  auto before_s = f.ReadAll("s");
+  v.reset();
+  f.CleanReopen();
+  EXPECT_TRUE(f.space->was_clean());
+  EXPECT_EQ(f.ReadAll("v"), before_v);
+  EXPECT_EQ(f.ReadAll("s"), before_s);
+  EXPECT_EQ(f.pool->GetDevice("s")->parent_name, "v");
+  f.CheckConsistency(false);
+}
+
+}  // namespace
+}  // namespace thinfs

@@ -1,0 +1,74 @@
+// Forwarders that let a test keep ownership of a pool's components across a
+// simulated crash: the Pool owns the forwarder, the test owns the target.
+
+#ifndef THINFS_TESTS_UTIL_FORWARDING_H_
+#define THINFS_TESTS_UTIL_FORWARDING_H_
+
+#include "core/block_device.h"
+#include "core/metadata.h"
+#include "core/space_map.h"
+
+namespace thinfs::testing {
+
+class ForwardingBlockDevice final : public BlockDevice {
+ public:
+  explicit ForwardingBlockDevice(BlockDevice* t) : t_(t) {}
+  Status Read(PoolBlock b, uint64_t o, std::span<std::byte> buf) override { return t_->Read(b, o, buf); }
+  Status Write(PoolBlock b, uint64_t o, std::span<const std::byte> buf) override {
+    return t_->Write(b, o, buf);
+  }
+  Status Sync() override { return t_->Sync(); }
+  Status Discard(PoolBlock b, uint64_t n) override { return t_->Discard(b, n); }
+  const Geometry& geometry() const override { return t_->geometry(); }
+
+ private:
+  BlockDevice* const t_;
+};
+
+class ForwardingSpaceMap final : public SpaceMap {
+ public:
+  explicit ForwardingSpaceMap(SpaceMap* t) : t_(t) {}
+  Result<PoolBlock> Allocate() override { return t_->Allocate(); }
+  void Free(PoolBlock b) override { t_->Free(b); }
+  std::vector<PoolBlock> TakePendingFrees() override { return t_->TakePendingFrees(); }
+  void Release(const std::vector<PoolBlock>& b) override { t_->Release(b); }
+  Status Sync(uint64_t g) override { return t_->Sync(g); }
+  void MarkUsed(PoolBlock b) override { t_->MarkUsed(b); }
+  void ClearAllForRebuild() override { t_->ClearAllForRebuild(); }
+  bool was_clean() const override { return t_->was_clean(); }
+  Status MarkDirty() override { return t_->MarkDirty(); }
+  Status MarkClean(uint64_t g) override { return t_->MarkClean(g); }
+  bool IsAllocated(PoolBlock b) const override { return t_->IsAllocated(b); }
+  uint64_t total_blocks() const override { return t_->total_blocks(); }
+  uint64_t free_blocks() const override { return t_->free_blocks(); }
+
+ private:
+  SpaceMap* const t_;
+};
+
+class ForwardingMetadataStore final : public MetadataStore {
+ public:
+  explicit ForwardingMetadataStore(MetadataStore* t) : t_(t) {}
+  Result<Superblock> ReadSuperblock() override { return t_->ReadSuperblock(); }
+  Result<std::vector<DeviceRecord>> LoadDevices() override { return t_->LoadDevices(); }
+  Result<std::optional<Version>> FindVersion(VolumeId d, VolumeBlock b, Epoch e) override {
+    return t_->FindVersion(d, b, e);
+  }
+  Result<std::vector<Version>> ListVersions(VolumeId d, VolumeBlock b) override {
+    return t_->ListVersions(d, b);
+  }
+  Result<uint32_t> GetRefcount(PoolBlock b) override { return t_->GetRefcount(b); }
+  Result<std::vector<std::pair<PoolBlock, uint32_t>>> ListRefcounts() override {
+    return t_->ListRefcounts();
+  }
+  std::unique_ptr<MapIterator> NewMapIterator() override { return t_->NewMapIterator(); }
+  Status Commit(const MetaBatch& b, bool sync) override { return t_->Commit(b, sync); }
+  Result<uint64_t> MapBytesOnDisk(bool c) override { return t_->MapBytesOnDisk(c); }
+
+ private:
+  MetadataStore* const t_;
+};
+
+}  // namespace thinfs::testing
+
+#endif  // THINFS_TESTS_UTIL_FORWARDING_H_
