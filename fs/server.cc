@@ -336,9 +336,10 @@ bool IsRootChild(fuse_req_t req, fuse_ino_t parent) {
 
 void OnInit(void* userdata, fuse_conn_info* conn) noexcept {
   auto* server = static_cast<Server*>(userdata);
-  // libfuse clamps max_write to its buffer (FUSE_MAX_MAX_PAGES pages) and
-  // asks the kernel for the matching max_pages: ask for everything.
-  conn->max_write = UINT_MAX;
+  // libfuse presets max_write to the largest its read buffer holds
+  // (FUSE_MAX_MAX_PAGES pages = 1 MiB, also the kernel's default
+  // max_pages_limit) and asks the kernel for the matching max_pages. Raising
+  // it further makes the kernel refuse our reads of /dev/fuse (EINVAL).
   conn->max_background = 64;
   conn->congestion_threshold = 48;
   conn->time_gran = 1;
@@ -352,9 +353,9 @@ void OnInit(void* userdata, fuse_conn_info* conn) noexcept {
   if (server->config().writeback_cache && !(conn->capable & FUSE_CAP_WRITEBACK_CACHE)) {
     THINFS_LOG_WARNING("kernel lacks the writeback cache; mounting without it");
   }
-  THINFS_LOG_INFO("FUSE protocol %u.%u, max_readahead %u, capable 0x%x, want 0x%x",
-                  conn->proto_major, conn->proto_minor, conn->max_readahead, conn->capable,
-                  conn->want);
+  THINFS_LOG_INFO("FUSE protocol %u.%u, max_write %u, max_readahead %u, capable 0x%x, want 0x%x",
+                  conn->proto_major, conn->proto_minor, conn->max_write, conn->max_readahead,
+                  conn->capable, conn->want);
   GuardedNoReply("init", [&] { server->Ready(); });
 }
 
