@@ -141,6 +141,19 @@ std::vector<pid_t> FindMountDaemons(const std::string& pool) {
   return pids;
 }
 
+std::vector<std::string> MountpointsUnder(const std::string& prefix) {
+  std::vector<std::string> out;
+  std::ifstream in("/proc/self/mountinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string id, parent, dev, root, mountpoint;
+    fields >> id >> parent >> dev >> root >> mountpoint;
+    if (mountpoint.compare(0, prefix.size(), prefix) == 0) out.push_back(mountpoint);
+  }
+  return out;
+}
+
 bool IsThinfsMounted(const std::string& path) {
   std::ifstream in("/proc/self/mountinfo");
   std::string line;
@@ -203,7 +216,11 @@ void E2eTest::SetUp() {
 
 void E2eTest::TearDown() {
   if (dir_.empty()) return;
-  // Loop devices keep files in the mount busy: detach them first.
+  // File systems a test mounted from loop devices (under dir_) go first.
+  for (const std::string& inner : MountpointsUnder(dir_ + "/")) {
+    if (inner != mnt_) RunCommand("umount -l " + ShellQuote(inner), std::chrono::seconds(30));
+  }
+  // Loop devices keep files in the mount busy: detach them next.
   for (const std::string& loop : loops_) {
     CommandResult r = RunCommand("losetup -d " + ShellQuote(loop), std::chrono::seconds(30));
     if (r.exit_code != 0) ADD_FAILURE() << "losetup -d " << loop << ": " << r.output;

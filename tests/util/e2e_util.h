@@ -44,6 +44,9 @@ std::string LoopUnavailableReason();
 // PIDs of processes whose command line is `thinfs mount POOL ...`.
 std::vector<pid_t> FindMountDaemons(const std::string& pool);
 
+// Mountpoints that start with `prefix` (from /proc/self/mountinfo).
+std::vector<std::string> MountpointsUnder(const std::string& prefix);
+
 // Whether `path` is the mountpoint of a fuse.thinfs file system.
 bool IsThinfsMounted(const std::string& path);
 
