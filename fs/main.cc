@@ -1,0 +1,151 @@
+// RunMount: opens the pool (the only fs/ file that uses meta/) and serves it.
+
+#include <sys/prctl.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "core/pool.h"
+#include "fs/daemon.h"
+#include "fs/log.h"
+#include "fs/mount.h"
+#include "fs/server.h"
+#include "meta/pool_dir.h"
+
+#ifndef PR_SET_IO_FLUSHER
+#define PR_SET_IO_FLUSHER 57
+#endif
+
+namespace thinfs::fs {
+namespace {
+
+Result<std::string> RealPath(const std::string& path, const char* what) {
+  char buf[PATH_MAX];
+  if (realpath(path.c_str(), buf) == nullptr) {
+    return Status::FromErrno(errno, std::string(what) + " " + path);
+  }
+  return std::string(buf);
+}
+
+// A daemon serving a loop device must not be throttled or recursed into by
+// page reclaim that waits on the loop device itself (see prctl(2)).
+void BecomeIoFlusher() {
+  if (prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) == 0) return;
+  int err = errno;
+  THINFS_LOG_INFO("PR_SET_IO_FLUSHER not set (%s): a loop device over this mount may stall "
+                  "under memory pressure",
+                  strerror(err));
+}
+
+// Opens the pool and serves it; reports through `startup`. Returns the exit
+// code of the serving process.
+int OpenAndServe(const MountOptions& options, const std::string& pool_root,
+                 const std::string& mountpoint, Startup& startup) {
+  BecomeIoFlusher();
+
+  meta::OpenOptions open_options;
+  open_options.read_only = options.read_only;
+  open_options.direct_io = options.direct_io;
+  open_options.block_cache_bytes = options.block_cache_bytes;
+  // PoolFiles keeps the pool lock: it lives until the pool is closed.
+  Result<meta::PoolFiles> files = meta::OpenPoolFiles(pool_root, open_options);
+  if (!files.ok()) {
+    startup.ReportFailure("cannot open pool " + pool_root + ": " + files.status().ToString());
+    return 1;
+  }
+
+  PoolOptions pool_options;
+  pool_options.commit_interval = options.commit_interval;
+  pool_options.zero_detection = options.zero_detection;
+  pool_options.read_only = options.read_only;
+  Result<std::unique_ptr<Pool>> pool =
+      Pool::Open(std::move(files->data), std::move(files->bitmap), std::move(files->store),
+                 pool_options);
+  if (!pool.ok()) {
+    startup.ReportFailure("cannot open pool " + pool_root + ": " + pool.status().ToString());
+    return 1;
+  }
+
+  struct stat root_st {};
+  if (stat(pool_root.c_str(), &root_st) != 0) {
+    startup.ReportFailure("pool " + pool_root + ": " + strerror(errno));
+    Status s = (*pool)->Close();
+    (void)s;
+    return 1;
+  }
+  ServeConfig config;
+  config.fsname = "thinfs:" + pool_root;
+  config.mountpoint = mountpoint;
+  config.read_only = options.read_only;
+  config.allow_other = options.allow_other;
+  config.writeback_cache = options.writeback_cache;
+  config.root_uid = root_st.st_uid;
+  config.root_gid = root_st.st_gid;
+  config.root_mtime_ns = int64_t{root_st.st_mtim.tv_sec} * 1'000'000'000 + root_st.st_mtim.tv_nsec;
+  config.root_ctime_ns = int64_t{root_st.st_ctim.tv_sec} * 1'000'000'000 + root_st.st_ctim.tv_nsec;
+
+  Status served = Serve(pool->get(), config, [&startup] { startup.ReportReady(); });
+  bool was_ready = startup.reported();
+  if (!served.ok() && !was_ready) {
+    startup.ReportFailure(served.ToString());
+  } else if (!served.ok()) {
+    THINFS_LOG_ERROR("%s", served.ToString().c_str());
+  } else if (!was_ready) {
+    startup.ReportFailure("the mount on " + mountpoint + " ended before the kernel initialised it");
+  }
+  Status closed = (*pool)->Close();
+  if (!closed.ok()) {
+    THINFS_LOG_ERROR("closing pool %s: %s", pool_root.c_str(), closed.ToString().c_str());
+    return 2;
+  }
+  THINFS_LOG_INFO("pool %s closed cleanly", pool_root.c_str());
+  if (!was_ready) return 1;
+  return served.ok() ? 0 : 2;
+}
+
+}  // namespace
+
+int RunMount(const MountOptions& options) {
+  SetLogSink(LogSink::kStderr);
+  Result<LogLevel> level = ParseLogLevel(options.log_level);
+  if (!level.ok()) {
+    fprintf(stderr, "thinfs: mount: %s\n", level.status().ToString().c_str());
+    return 1;
+  }
+  SetLogLevel(*level);
+
+  // Checked before forking so that the user sees the error directly.
+  Status mp = CheckMountpoint(options.mountpoint);
+  if (!mp.ok()) {
+    fprintf(stderr, "thinfs: mount: %s\n", mp.message().c_str());
+    return 1;
+  }
+  Result<std::string> mountpoint = RealPath(options.mountpoint, "mountpoint");
+  Result<std::string> pool_root = RealPath(options.pool, "pool");
+  for (const Status& s : {mountpoint.status(), pool_root.status()}) {
+    if (!s.ok()) {
+      fprintf(stderr, "thinfs: mount: %s\n", s.message().c_str());
+      return 1;
+    }
+  }
+
+  if (options.foreground) {
+    Startup startup = Startup::Foreground();
+    return OpenAndServe(options, *pool_root, *mountpoint, startup);
+  }
+  // Fork before the pool starts threads or takes its lock: both belong to
+  // the daemon.
+  int exit_code = 0;
+  std::optional<Startup> startup = Startup::Daemonize(&exit_code);
+  if (!startup) return exit_code;
+  return OpenAndServe(options, *pool_root, *mountpoint, *startup);
+}
+
+}  // namespace thinfs::fs

@@ -1,0 +1,72 @@
+// `thinfs mount`: the entry points the CLI calls, and the kernel cache
+// invalidation hooks the control socket uses.
+//
+// RunMount() mounts POOL on MOUNTPOINT through FUSE (low-level API,
+// multi-threaded loop) and serves it until it is unmounted (`fusermount3 -u`,
+// `umount`) or the daemon gets SIGTERM/SIGINT/SIGHUP; then it commits and
+// closes the pool. Unless `foreground` is set it daemonizes and the calling
+// process returns 0 only once the mount is usable, or non-zero after printing
+// why the mount failed (busy pool, bad mountpoint, ...).
+//
+// Thread safety: ParseMountOptions is a pure function. RunMount is called
+// once per process. The Notify* functions may be called from any thread while
+// RunMount serves a mount; they do nothing otherwise.
+
+#ifndef THINFS_FS_MOUNT_H_
+#define THINFS_FS_MOUNT_H_
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+
+#include "core/status.h"
+#include "core/types.h"
+
+namespace thinfs::fs {
+
+struct MountOptions {
+  std::string pool;
+  std::string mountpoint;
+  bool foreground = false;
+  bool read_only = false;
+  bool allow_other = false;
+  std::chrono::milliseconds commit_interval{1000};
+  size_t block_cache_bytes = 64 << 20;
+  bool zero_detection = true;
+  bool direct_io = false;  // O_DIRECT on the data file
+  bool writeback_cache = false;
+  std::string log_level = "info";
+};
+
+// Builds MountOptions from the CLI's arguments. `dash_o` is the -o string,
+// comma separated, e.g. "ro,allow_other,commit_interval=500ms,cache_size=128M,
+// zero_detect=off,direct_io=on". Recognised:
+//   ro | rw                     read-only mount (default rw)
+//   allow_other                 let other users in (default: only the mounter)
+//   commit_interval=DUR         periodic commit; DUR is N, Nms, Ns or Nm
+//                               (bare N = milliseconds, 0 = off)
+//   cache_size=SIZE             metadata block cache; SIZE is N[K|M|G]
+//   zero_detect=on|off          whole-block zero writes unmap (default on)
+//   direct_io=on|off            O_DIRECT on the pool's data file (default off)
+//   writeback_cache=on|off      kernel writeback cache (default off)
+//   log_level=error|warning|info|debug
+// Returns kInvalidArgument naming the offending option.
+Result<MountOptions> ParseMountOptions(const std::string& pool, const std::string& mountpoint,
+                                       const std::string& dash_o, bool foreground);
+
+// Mounts and serves; see the file comment. Returns a process exit code:
+// 0 after a clean unmount (or, in the parent of a daemon, once the mount is
+// usable), 1 when the mount could not be set up, 2 when serving ended with
+// an error (e.g. the final commit failed).
+int RunMount(const MountOptions& options);
+
+// Tell the kernel that the directory entry `name` may have changed (created,
+// deleted or renamed behind the mount's back, e.g. by the control socket).
+void NotifyEntryChanged(const std::string& name);
+// Tell the kernel that the attributes and the data of device `id` may have
+// changed; its cached pages are dropped.
+void NotifyInodeChanged(VolumeId id);
+
+}  // namespace thinfs::fs
+
+#endif  // THINFS_FS_MOUNT_H_

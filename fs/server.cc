@@ -1,0 +1,1034 @@
+// The FUSE callbacks. fs/server.h describes the inode scheme; docs/fuse.md
+// what each operation maps to.
+
+#define FUSE_USE_VERSION 34
+
+#include "fs/server.h"
+
+#include <fcntl.h>
+#include <fuse_lowlevel.h>
+#include <linux/falloc.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "core/mutex.h"
+#include "fs/errno_map.h"
+#include "fs/log.h"
+#include "fs/mount.h"
+
+namespace thinfs::fs {
+namespace {
+
+constexpr fuse_ino_t kRootIno = FUSE_ROOT_ID;
+// Every change to the namespace and to file contents goes through this
+// daemon (the control socket invalidates explicitly), so the kernel may
+// cache for a while; one second bounds the staleness of anything missed.
+constexpr double kAttrTimeout = 1.0;
+constexpr double kEntryTimeout = 1.0;
+constexpr uint64_t kNameMax = 128;
+
+fuse_ino_t InoOf(VolumeId id) { return id.value + 1; }
+VolumeId IdOf(fuse_ino_t ino) { return VolumeId(ino - 1); }
+
+int64_t NowNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+timespec TimespecOf(int64_t ns) {
+  timespec ts{};
+  ts.tv_sec = ns / 1'000'000'000;
+  ts.tv_nsec = ns % 1'000'000'000;
+  if (ts.tv_nsec < 0) {
+    ts.tv_nsec += 1'000'000'000;
+    ts.tv_sec -= 1;
+  }
+  return ts;
+}
+
+int64_t NsOf(const timespec& ts) { return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec; }
+
+// An open device file; fi->fh points to one.
+struct FileHandle {
+  std::shared_ptr<Volume> volume;
+  VolumeId id;
+  // Set by writes through this handle, cleared by flush: close(2) commits
+  // only what this handle changed.
+  std::atomic<bool> dirty{false};  // written by any worker, read at flush
+};
+
+// An open root directory: a snapshot of the listing taken at opendir, so
+// that readdir offsets stay meaningful while devices come and go.
+struct DirHandle {
+  std::vector<DeviceInfo> devices;
+};
+
+FileHandle* FileOf(fuse_file_info* fi) { return reinterpret_cast<FileHandle*>(fi->fh); }
+DirHandle* DirOf(fuse_file_info* fi) { return reinterpret_cast<DirHandle*>(fi->fh); }
+
+class Server {
+ public:
+  Server(Pool* pool, const ServeConfig& config, std::function<void()> on_ready)
+      : pool_(pool),
+        config_(config),
+        block_size_(pool->geometry().block_size()),
+        on_ready_(std::move(on_ready)) {}
+
+  Pool* pool() const { return pool_; }
+  const ServeConfig& config() const { return config_; }
+
+  void Ready() {
+    if (on_ready_) on_ready_();
+    on_ready_ = nullptr;
+  }
+
+  struct stat RootStat() const {
+    struct stat st {};
+    st.st_ino = kRootIno;
+    st.st_mode = S_IFDIR | 0755;
+    st.st_nlink = 2;
+    st.st_uid = config_.root_uid;
+    st.st_gid = config_.root_gid;
+    st.st_blksize = static_cast<blksize_t>(block_size_);
+    st.st_mtim = TimespecOf(config_.root_mtime_ns);
+    st.st_ctim = TimespecOf(config_.root_ctime_ns);
+    st.st_atim = st.st_mtim;
+    return st;
+  }
+
+  struct stat StatOf(const DeviceInfo& d) const {
+    struct stat st {};
+    st.st_ino = InoOf(d.id);
+    st.st_mode = S_IFREG | (d.mode & 07777);
+    st.st_nlink = 1;
+    st.st_uid = d.uid;
+    st.st_gid = d.gid;
+    st.st_size = static_cast<off_t>(d.size);
+    st.st_blksize = static_cast<blksize_t>(block_size_);
+    st.st_blocks = static_cast<blkcnt_t>(d.mapped_blocks * (block_size_ / 512));
+    st.st_atim = TimespecOf(d.atime_ns);
+    st.st_mtim = TimespecOf(d.mtime_ns);
+    st.st_ctim = TimespecOf(d.ctime_ns);
+    return st;
+  }
+
+  fuse_entry_param EntryOf(const DeviceInfo& d) const {
+    fuse_entry_param e{};
+    e.ino = InoOf(d.id);
+    e.generation = 0;
+    e.attr = StatOf(d);
+    e.attr_timeout = kAttrTimeout;
+    e.entry_timeout = kEntryTimeout;
+    return e;
+  }
+
+  // Attributes of inode `ino`, also for a device that was unlinked while
+  // open (it has no name any more; the engine may not list it).
+  Result<struct stat> StatIno(fuse_ino_t ino) {
+    if (ino == kRootIno) return RootStat();
+    VolumeId id = IdOf(ino);
+    Result<DeviceInfo> info = pool_->GetDevice(id);
+    if (info.ok()) return StatOf(*info);
+    std::shared_ptr<Volume> open_volume = AnyOpenVolume(id);
+    if (!info.status().IsNotFound() || open_volume == nullptr) return info.status();
+    struct stat st {};
+    st.st_ino = ino;
+    st.st_mode = S_IFREG | 0600;
+    st.st_nlink = 0;
+    st.st_size = static_cast<off_t>(open_volume->size());
+    st.st_blksize = static_cast<blksize_t>(block_size_);
+    return st;
+  }
+
+  // --- Open files ------------------------------------------------------------
+
+  Result<FileHandle*> OpenHandle(VolumeId id) {
+    MutexLock l(&mu_);
+    // Under mu_ so that unlink sees every open before deciding between
+    // delete and detach.
+    THINFS_ASSIGN_OR_RETURN(std::shared_ptr<Volume> volume, pool_->OpenVolume(id));
+    auto handle = std::make_unique<FileHandle>();
+    handle->volume = std::move(volume);
+    handle->id = id;
+    OpenEntry& entry = open_[id];
+    entry.count++;
+    if (entry.volume.expired()) entry.volume = handle->volume;
+    return handle.release();
+  }
+
+  // Whether a cached (non-direct) open may keep the kernel's pages of `id`:
+  // not if its contents changed behind the page cache since.
+  bool TakeKeepCache(VolumeId id) {
+    MutexLock l(&mu_);
+    return stale_.erase(id) == 0;
+  }
+
+  void MarkStale(VolumeId id) {
+    MutexLock l(&mu_);
+    stale_.insert(id);
+  }
+
+  void CloseHandle(FileHandle* handle) {
+    VolumeId id = handle->id;
+    bool delete_now = false;
+    {
+      MutexLock l(&mu_);
+      auto it = open_.find(id);
+      if (it != open_.end() && --it->second.count == 0) {
+        open_.erase(it);
+        delete_now = detached_.erase(id) > 0;
+      }
+    }
+    delete handle;
+    if (delete_now) {
+      Status s = pool_->DeleteDetached(id);
+      if (!s.ok()) {
+        THINFS_LOG_ERROR("delete of unlinked device %llu at last close: %s",
+                         static_cast<unsigned long long>(id.value), s.ToString().c_str());
+      }
+    }
+  }
+
+  std::shared_ptr<Volume> AnyOpenVolume(VolumeId id) {
+    MutexLock l(&mu_);
+    auto it = open_.find(id);
+    return it == open_.end() ? nullptr : it->second.volume.lock();
+  }
+
+  // unlink(2): a device still open here keeps working until its last close.
+  Status Unlink(const std::string& name) {
+    THINFS_ASSIGN_OR_RETURN(DeviceInfo info, pool_->GetDevice(name));
+    MutexLock l(&mu_);
+    return RemoveNameLocked(name, info.id);
+  }
+
+  // rename(2), replacing an open target the way unlink does.
+  Status Rename(const std::string& from, const std::string& to, bool replace) {
+    MutexLock l(&mu_);
+    if (replace && from != to) {
+      Result<DeviceInfo> target = pool_->GetDevice(to);
+      if (target.ok() && open_.count(target->id) > 0) {
+        THINFS_RETURN_IF_ERROR(pool_->DetachName(to));
+        detached_.insert(target->id);
+      }
+    }
+    return pool_->RenameDevice(from, to, replace);
+  }
+
+  // --- Sizes -----------------------------------------------------------------
+
+  // Grows device `id` to at least `end` bytes (writes past the end behave
+  // like a file's).
+  Status GrowTo(const Volume& volume, VolumeId id, uint64_t end) {
+    if (end <= volume.size()) return Status::Ok();
+    MutexLock l(&resize_mu_);
+    if (end <= volume.size()) return Status::Ok();
+    return pool_->ResizeDevice(id, end);
+  }
+
+  Status Resize(VolumeId id, uint64_t size) {
+    MutexLock l(&resize_mu_);
+    return pool_->ResizeDevice(id, size);
+  }
+
+  uint64_t block_size() const { return block_size_; }
+
+ private:
+  struct OpenEntry {
+    int count = 0;
+    std::weak_ptr<Volume> volume;
+  };
+  Status RemoveNameLocked(const std::string& name, VolumeId id) REQUIRES(mu_) {
+    if (open_.count(id) == 0) return pool_->DeleteDevice(name);
+    THINFS_RETURN_IF_ERROR(pool_->DetachName(name));
+    detached_.insert(id);
+    return Status::Ok();
+  }
+
+  // Constant after construction.
+  Pool* const pool_;
+  const ServeConfig config_;
+  const uint64_t block_size_;
+  std::function<void()> on_ready_;  // called once, by the INIT worker
+
+  // Lock order: resize_mu_ before mu_. Neither is held across a reply.
+  // Serialises size changes so that concurrent grow-on-write and truncate
+  // never move the size backwards.
+  Mutex resize_mu_;
+  Mutex mu_;
+  std::unordered_map<VolumeId, OpenEntry> open_ GUARDED_BY(mu_);
+  // Devices whose name was removed while open: deleted at the last close.
+  std::unordered_set<VolumeId> detached_ GUARDED_BY(mu_);
+  // Devices whose data changed behind the kernel's page cache.
+  std::unordered_set<VolumeId> stale_ GUARDED_BY(mu_);
+};
+
+Server* ServerOf(fuse_req_t req) { return static_cast<Server*>(fuse_req_userdata(req)); }
+
+void ReplyError(fuse_req_t req, const Status& s, const char* op) {
+  int err = ToErrno(s);
+  // Expected outcomes (a lookup miss, a full pool, a bad name) are debug
+  // noise; everything else is worth a line.
+  if (s.IsNotFound() || s.IsNoSpace() || s.IsInvalidArgument() ||
+      s.code() == Status::Code::kExists || s.code() == Status::Code::kNameTooLong) {
+    THINFS_LOG_DEBUG("%s: %s", op, s.ToString().c_str());
+  } else {
+    THINFS_LOG_ERROR("%s: %s", op, s.ToString().c_str());
+  }
+  fuse_reply_err(req, err);
+}
+
+// Runs `body` (which replies) and turns an escaping exception into a reply.
+// Replies are the last statement of every body, so an exception means no
+// reply has been sent yet.
+template <typename Body>
+void Guarded(fuse_req_t req, const char* op, Body&& body) noexcept {
+  try {
+    body();
+  } catch (const std::bad_alloc&) {
+    THINFS_LOG_ERROR("%s: out of memory", op);
+    fuse_reply_err(req, ENOMEM);
+  } catch (const std::exception& e) {
+    THINFS_LOG_ERROR("%s: unexpected exception: %s", op, e.what());
+    fuse_reply_err(req, EIO);
+  } catch (...) {
+    THINFS_LOG_ERROR("%s: unexpected exception", op);
+    fuse_reply_err(req, EIO);
+  }
+}
+
+// Same for callbacks that must not reply (forget, release of a directory).
+template <typename Body>
+void GuardedNoReply(const char* op, Body&& body) noexcept {
+  try {
+    body();
+  } catch (...) {
+    THINFS_LOG_ERROR("%s: unexpected exception", op);
+  }
+}
+
+bool IsRootChild(fuse_req_t req, fuse_ino_t parent) {
+  if (parent == kRootIno) return true;
+  fuse_reply_err(req, ENOTDIR);
+  return false;
+}
+
+// --- Callbacks -----------------------------------------------------------------
+
+void OnInit(void* userdata, fuse_conn_info* conn) noexcept {
+  auto* server = static_cast<Server*>(userdata);
+  // libfuse presets max_write to the largest its read buffer holds
+  // (FUSE_MAX_MAX_PAGES pages = 1 MiB, also the kernel's default
+  // max_pages_limit) and asks the kernel for the matching max_pages. Raising
+  // it further makes the kernel refuse our reads of /dev/fuse (EINVAL).
+  conn->max_background = 64;
+  conn->congestion_threshold = 48;
+  conn->time_gran = 1;
+  unsigned want = FUSE_CAP_ASYNC_DIO | FUSE_CAP_PARALLEL_DIROPS | FUSE_CAP_ASYNC_READ |
+                  FUSE_CAP_AUTO_INVAL_DATA | FUSE_CAP_READDIRPLUS;
+  if (server->config().writeback_cache) want |= FUSE_CAP_WRITEBACK_CACHE;
+  conn->want |= want & conn->capable;
+  // We never implement O_TRUNC atomically in open; truncation comes as
+  // setattr.
+  conn->want &= ~FUSE_CAP_ATOMIC_O_TRUNC;
+  if (server->config().writeback_cache && !(conn->capable & FUSE_CAP_WRITEBACK_CACHE)) {
+    THINFS_LOG_WARNING("kernel lacks the writeback cache; mounting without it");
+  }
+  THINFS_LOG_INFO("FUSE protocol %u.%u, max_write %u, max_readahead %u, capable 0x%x, want 0x%x",
+                  conn->proto_major, conn->proto_minor, conn->max_write, conn->max_readahead,
+                  conn->capable, conn->want);
+  GuardedNoReply("init", [&] { server->Ready(); });
+}
+
+void OnLookup(fuse_req_t req, fuse_ino_t parent, const char* name) noexcept {
+  Guarded(req, "lookup", [&] {
+    if (!IsRootChild(req, parent)) return;
+    Server* server = ServerOf(req);
+    Result<DeviceInfo> info = server->pool()->GetDevice(std::string(name));
+    if (!info.ok()) {
+      if (info.status().IsNotFound() || info.status().IsInvalidArgument() ||
+          info.status().code() == Status::Code::kNameTooLong) {
+        // A name that cannot exist is simply absent for lookup.
+        int err = info.status().code() == Status::Code::kNameTooLong ? ENAMETOOLONG : ENOENT;
+        fuse_reply_err(req, err);
+        return;
+      }
+      ReplyError(req, info.status(), "lookup");
+      return;
+    }
+    fuse_entry_param e = server->EntryOf(*info);
+    fuse_reply_entry(req, &e);
+  });
+}
+
+void OnForget(fuse_req_t req, fuse_ino_t, uint64_t) noexcept {
+  // Inode numbers derive from device ids: there is no table to trim.
+  fuse_reply_none(req);
+}
+
+void OnForgetMulti(fuse_req_t req, size_t, fuse_forget_data*) noexcept { fuse_reply_none(req); }
+
+void OnGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) noexcept {
+  Guarded(req, "getattr", [&] {
+    Result<struct stat> st = ServerOf(req)->StatIno(ino);
+    if (!st.ok()) {
+      ReplyError(req, st.status(), "getattr");
+      return;
+    }
+    fuse_reply_attr(req, &*st, kAttrTimeout);
+  });
+}
+
+void OnSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
+               fuse_file_info*) noexcept {
+  Guarded(req, "setattr", [&] {
+    if (ino == kRootIno) {
+      fuse_reply_err(req, EPERM);
+      return;
+    }
+    Server* server = ServerOf(req);
+    VolumeId id = IdOf(ino);
+    std::optional<uint32_t> mode, uid, gid;
+    std::optional<int64_t> atime, mtime;
+    int64_t now = NowNs();
+    if (to_set & FUSE_SET_ATTR_MODE) mode = S_IFREG | (attr->st_mode & 07777);
+    if (to_set & FUSE_SET_ATTR_UID) uid = attr->st_uid;
+    if (to_set & FUSE_SET_ATTR_GID) gid = attr->st_gid;
+    if (to_set & FUSE_SET_ATTR_ATIME_NOW) {
+      atime = now;
+    } else if (to_set & FUSE_SET_ATTR_ATIME) {
+      atime = NsOf(attr->st_atim);
+    }
+    if (to_set & FUSE_SET_ATTR_MTIME_NOW) {
+      mtime = now;
+    } else if (to_set & FUSE_SET_ATTR_MTIME) {
+      mtime = NsOf(attr->st_mtim);
+    }
+    if (to_set & FUSE_SET_ATTR_SIZE) {
+      if (attr->st_size < 0) {
+        fuse_reply_err(req, EINVAL);
+        return;
+      }
+      Status s = server->Resize(id, static_cast<uint64_t>(attr->st_size));
+      if (!s.ok()) {
+        ReplyError(req, s, "setattr(size)");
+        return;
+      }
+    }
+    if (mode || uid || gid || atime || mtime) {
+      Status s = server->pool()->SetAttrs(id, mode, uid, gid, atime, mtime);
+      if (!s.ok()) {
+        ReplyError(req, s, "setattr");
+        return;
+      }
+    }
+    Result<struct stat> st = server->StatIno(ino);
+    if (!st.ok()) {
+      ReplyError(req, st.status(), "setattr");
+      return;
+    }
+    fuse_reply_attr(req, &*st, kAttrTimeout);
+  });
+}
+
+void OnMknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t) noexcept {
+  Guarded(req, "mknod", [&] {
+    if (!IsRootChild(req, parent)) return;
+    if (!S_ISREG(mode)) {
+      // Only thin devices live here.
+      fuse_reply_err(req, EPERM);
+      return;
+    }
+    Server* server = ServerOf(req);
+    const fuse_ctx* ctx = fuse_req_ctx(req);
+    DeviceAttrs attrs{static_cast<uint32_t>(S_IFREG | (mode & 07777)), ctx->uid, ctx->gid};
+    Result<VolumeId> id = server->pool()->CreateDevice(name, 0, attrs);
+    if (!id.ok()) {
+      ReplyError(req, id.status(), "mknod");
+      return;
+    }
+    Result<DeviceInfo> info = server->pool()->GetDevice(*id);
+    if (!info.ok()) {
+      ReplyError(req, info.status(), "mknod");
+      return;
+    }
+    fuse_entry_param e = server->EntryOf(*info);
+    fuse_reply_entry(req, &e);
+  });
+}
+
+void OnNotPermitted(fuse_req_t req) noexcept { fuse_reply_err(req, EPERM); }
+
+void OnMkdir(fuse_req_t req, fuse_ino_t, const char*, mode_t) noexcept { OnNotPermitted(req); }
+void OnSymlink(fuse_req_t req, const char*, fuse_ino_t, const char*) noexcept {
+  OnNotPermitted(req);
+}
+void OnLink(fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) noexcept { OnNotPermitted(req); }
+// Every entry is a device file; there is nothing to rmdir.
+void OnRmdir(fuse_req_t req, fuse_ino_t, const char*) noexcept { fuse_reply_err(req, ENOTDIR); }
+
+void OnUnlink(fuse_req_t req, fuse_ino_t parent, const char* name) noexcept {
+  Guarded(req, "unlink", [&] {
+    if (!IsRootChild(req, parent)) return;
+    Status s = ServerOf(req)->Unlink(name);
+    if (!s.ok()) {
+      ReplyError(req, s, "unlink");
+      return;
+    }
+    fuse_reply_err(req, 0);
+  });
+}
+
+void OnRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t newparent,
+              const char* newname, unsigned int flags) noexcept {
+  Guarded(req, "rename", [&] {
+    if (parent != kRootIno || newparent != kRootIno) {
+      fuse_reply_err(req, ENOTDIR);
+      return;
+    }
+    if (flags & RENAME_EXCHANGE) {
+      fuse_reply_err(req, EINVAL);
+      return;
+    }
+    if (flags & ~static_cast<unsigned>(RENAME_NOREPLACE)) {
+      fuse_reply_err(req, EINVAL);
+      return;
+    }
+    Status s = ServerOf(req)->Rename(name, newname, !(flags & RENAME_NOREPLACE));
+    if (!s.ok()) {
+      ReplyError(req, s, "rename");
+      return;
+    }
+    fuse_reply_err(req, 0);
+  });
+}
+
+void SetOpenFlags(Server* server, VolumeId id, fuse_file_info* fi) {
+  if (fi->flags & O_DIRECT) {
+    fi->direct_io = 1;
+    fi->keep_cache = 0;
+    // Writes through this handle bypass the page cache of cached opens.
+    server->MarkStale(id);
+  } else {
+    fi->keep_cache = server->TakeKeepCache(id) ? 1 : 0;
+  }
+}
+
+void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) noexcept {
+  Guarded(req, "open", [&] {
+    if (ino == kRootIno) {
+      fuse_reply_err(req, EISDIR);
+      return;
+    }
+    Server* server = ServerOf(req);
+    VolumeId id = IdOf(ino);
+    Result<FileHandle*> handle = server->OpenHandle(id);
+    if (!handle.ok()) {
+      ReplyError(req, handle.status(), "open");
+      return;
+    }
+    fi->fh = reinterpret_cast<uint64_t>(*handle);
+    SetOpenFlags(server, id, fi);
+    if (fuse_reply_open(req, fi) != 0) {
+      // The opener went away (interrupted): no release will come.
+      server->CloseHandle(*handle);
+    }
+  });
+}
+
+void OnCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
+              fuse_file_info* fi) noexcept {
+  Guarded(req, "create", [&] {
+    if (!IsRootChild(req, parent)) return;
+    if (!S_ISREG(mode)) {
+      fuse_reply_err(req, EPERM);
+      return;
+    }
+    Server* server = ServerOf(req);
+    const fuse_ctx* ctx = fuse_req_ctx(req);
+    DeviceAttrs attrs{static_cast<uint32_t>(S_IFREG | (mode & 07777)), ctx->uid, ctx->gid};
+    Result<VolumeId> id = server->pool()->CreateDevice(name, 0, attrs);
+    if (!id.ok()) {
+      ReplyError(req, id.status(), "create");
+      return;
+    }
+    Result<DeviceInfo> info = server->pool()->GetDevice(*id);
+    if (!info.ok()) {
+      ReplyError(req, info.status(), "create");
+      return;
+    }
+    Result<FileHandle*> handle = server->OpenHandle(*id);
+    if (!handle.ok()) {
+      ReplyError(req, handle.status(), "create");
+      return;
+    }
+    fi->fh = reinterpret_cast<uint64_t>(*handle);
+    SetOpenFlags(server, *id, fi);
+    fuse_entry_param e = server->EntryOf(*info);
+    if (fuse_reply_create(req, &e, fi) != 0) server->CloseHandle(*handle);
+  });
+}
+
+// Per-thread read buffer: reads are up to max_pages (1 MiB) and arrive on a
+// bounded set of workers, so reuse beats an allocation per read.
+std::byte* ReadBuffer(size_t size) {
+  thread_local std::unique_ptr<std::byte[]> buf;
+  thread_local size_t capacity = 0;
+  if (capacity < size) {
+    buf.reset(new std::byte[size]);
+    capacity = size;
+  }
+  return buf.get();
+}
+
+void OnRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) noexcept {
+  Guarded(req, "read", [&] {
+    FileHandle* handle = FileOf(fi);
+    std::byte* buf = ReadBuffer(size);
+    Result<size_t> n = handle->volume->Read(static_cast<uint64_t>(off), std::span(buf, size));
+    if (!n.ok()) {
+      ReplyError(req, n.status(), "read");
+      return;
+    }
+    fuse_reply_buf(req, reinterpret_cast<const char*>(buf), *n);
+  });
+}
+
+void OnWrite(fuse_req_t req, fuse_ino_t, const char* data, size_t size, off_t off,
+             fuse_file_info* fi) noexcept {
+  Guarded(req, "write", [&] {
+    Server* server = ServerOf(req);
+    FileHandle* handle = FileOf(fi);
+    uint64_t offset = static_cast<uint64_t>(off);
+    Status s = server->GrowTo(*handle->volume, handle->id, offset + size);
+    if (s.ok()) {
+      s = handle->volume->Write(offset,
+                                std::span(reinterpret_cast<const std::byte*>(data), size));
+    }
+    if (!s.ok()) {
+      ReplyError(req, s, "write");
+      return;
+    }
+    handle->dirty.store(true, std::memory_order_relaxed);
+    fuse_reply_write(req, size);
+  });
+}
+
+void OnFlush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) noexcept {
+  Guarded(req, "flush", [&] {
+    FileHandle* handle = FileOf(fi);
+    // close(2) makes durable what this handle wrote; a handle that only
+    // read has nothing to commit.
+    if (handle->dirty.exchange(false)) {
+      Status s = handle->volume->Flush();
+      if (!s.ok()) {
+        handle->dirty.store(true);
+        ReplyError(req, s, "flush");
+        return;
+      }
+    }
+    fuse_reply_err(req, 0);
+  });
+}
+
+void OnFsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info* fi) noexcept {
+  Guarded(req, "fsync", [&] {
+    FileHandle* handle = FileOf(fi);
+    // fsync covers writes made through any descriptor: always commit.
+    handle->dirty.store(false);
+    Status s = handle->volume->Flush();
+    if (!s.ok()) {
+      ReplyError(req, s, "fsync");
+      return;
+    }
+    fuse_reply_err(req, 0);
+  });
+}
+
+void OnRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) noexcept {
+  Guarded(req, "release", [&] {
+    ServerOf(req)->CloseHandle(FileOf(fi));
+    fuse_reply_err(req, 0);
+  });
+}
+
+void OnOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) noexcept {
+  Guarded(req, "opendir", [&] {
+    if (ino != kRootIno) {
+      fuse_reply_err(req, ENOTDIR);
+      return;
+    }
+    auto dir = std::make_unique<DirHandle>();
+    dir->devices = ServerOf(req)->pool()->ListDevices();
+    fi->fh = reinterpret_cast<uint64_t>(dir.get());
+    if (fuse_reply_open(req, fi) == 0) dir.release();
+  });
+}
+
+// Offsets: 0 starts; entry i (0 ".", 1 "..", 2+k device k) carries offset
+// i + 1, the position of the entry after it.
+void ReadDir(fuse_req_t req, size_t size, off_t off, fuse_file_info* fi, bool plus) {
+  Server* server = ServerOf(req);
+  DirHandle* dir = DirOf(fi);
+  std::vector<char> buf(size);
+  size_t used = 0;
+  size_t total = dir->devices.size() + 2;
+  for (size_t i = static_cast<size_t>(std::max<off_t>(off, 0)); i < total; ++i) {
+    const char* name = nullptr;
+    fuse_entry_param e{};
+    if (i < 2) {
+      name = i == 0 ? "." : "..";
+      e.attr = server->RootStat();
+      e.ino = kRootIno;
+    } else {
+      const DeviceInfo& d = dir->devices[i - 2];
+      name = d.name.c_str();
+      e = server->EntryOf(d);
+    }
+    off_t next = static_cast<off_t>(i + 1);
+    size_t need =
+        plus ? fuse_add_direntry_plus(req, buf.data() + used, size - used, name, &e, next)
+             : fuse_add_direntry(req, buf.data() + used, size - used, name, &e.attr, next);
+    if (need > size - used) break;
+    used += need;
+  }
+  fuse_reply_buf(req, buf.data(), used);
+}
+
+void OnReaddir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) noexcept {
+  Guarded(req, "readdir", [&] { ReadDir(req, size, off, fi, /*plus=*/false); });
+}
+
+void OnReaddirplus(fuse_req_t req, fuse_ino_t, size_t size, off_t off,
+                   fuse_file_info* fi) noexcept {
+  Guarded(req, "readdirplus", [&] { ReadDir(req, size, off, fi, /*plus=*/true); });
+}
+
+void OnReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) noexcept {
+  delete DirOf(fi);
+  fuse_reply_err(req, 0);
+}
+
+void OnFsyncdir(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) noexcept {
+  Guarded(req, "fsyncdir", [&] {
+    Status s = ServerOf(req)->pool()->Commit();
+    if (!s.ok()) {
+      ReplyError(req, s, "fsyncdir");
+      return;
+    }
+    fuse_reply_err(req, 0);
+  });
+}
+
+void OnStatfs(fuse_req_t req, fuse_ino_t) noexcept {
+  Guarded(req, "statfs", [&] {
+    PoolStats stats = ServerOf(req)->pool()->Stats();
+    struct statvfs st {};
+    st.f_bsize = stats.block_size;
+    st.f_frsize = stats.block_size;
+    st.f_blocks = stats.data_blocks;
+    st.f_bfree = stats.free_blocks;
+    st.f_bavail = stats.free_blocks;
+    // Device ids are 64-bit and never reused: report a large fixed budget
+    // so that df -i shows the device count as used inodes.
+    constexpr fsfilcnt_t kInodeBudget = UINT32_MAX;
+    st.f_files = kInodeBudget;
+    st.f_ffree = kInodeBudget - std::min<fsfilcnt_t>(stats.devices, kInodeBudget);
+    st.f_favail = st.f_ffree;
+    st.f_namemax = kNameMax;
+    fuse_reply_statfs(req, &st);
+  });
+}
+
+void OnNoXattr(fuse_req_t req) noexcept { fuse_reply_err(req, ENOTSUP); }
+void OnSetxattr(fuse_req_t req, fuse_ino_t, const char*, const char*, size_t, int) noexcept {
+  OnNoXattr(req);
+}
+void OnGetxattr(fuse_req_t req, fuse_ino_t, const char*, size_t) noexcept { OnNoXattr(req); }
+void OnListxattr(fuse_req_t req, fuse_ino_t, size_t size) noexcept {
+  // An empty list rather than an error: ls -l and cp -a ask.
+  if (size == 0) {
+    fuse_reply_xattr(req, 0);
+  } else {
+    fuse_reply_buf(req, nullptr, 0);
+  }
+}
+void OnRemovexattr(fuse_req_t req, fuse_ino_t, const char*) noexcept { OnNoXattr(req); }
+
+void OnFallocate(fuse_req_t req, fuse_ino_t, int mode, off_t off, off_t len,
+                 fuse_file_info* fi) noexcept {
+  Guarded(req, "fallocate", [&] {
+    Server* server = ServerOf(req);
+    FileHandle* handle = FileOf(fi);
+    if (off < 0 || len <= 0) {
+      fuse_reply_err(req, EINVAL);
+      return;
+    }
+    uint64_t offset = static_cast<uint64_t>(off);
+    uint64_t end = offset + static_cast<uint64_t>(len);
+    bool keep_size = mode & FALLOC_FL_KEEP_SIZE;
+    int op = mode & ~FALLOC_FL_KEEP_SIZE;
+    Status s;
+    if (op == 0 || op == FALLOC_FL_ZERO_RANGE) {
+      if (!keep_size) s = server->GrowTo(*handle->volume, handle->id, end);
+      uint64_t size = handle->volume->size();
+      uint64_t clipped_end = std::min(end, size);
+      if (s.ok() && offset < clipped_end) {
+        s = op == 0 ? handle->volume->Provision(offset, clipped_end - offset)
+                    : handle->volume->Discard(offset, clipped_end - offset);
+      }
+    } else if (op == FALLOC_FL_PUNCH_HOLE && keep_size) {
+      uint64_t clipped_end = std::min(end, handle->volume->size());
+      if (offset < clipped_end) s = handle->volume->Discard(offset, clipped_end - offset);
+    } else {
+      fuse_reply_err(req, EOPNOTSUPP);
+      return;
+    }
+    if (!s.ok()) {
+      ReplyError(req, s, "fallocate");
+      return;
+    }
+    if (op != 0) {
+      handle->dirty.store(true, std::memory_order_relaxed);
+      }
+    fuse_reply_err(req, 0);
+  });
+}
+
+void OnLseek(fuse_req_t req, fuse_ino_t, off_t off, int whence, fuse_file_info* fi) noexcept {
+  Guarded(req, "lseek", [&] {
+    FileHandle* handle = FileOf(fi);
+    if (off < 0) {
+      fuse_reply_err(req, EINVAL);
+      return;
+    }
+    if (whence != SEEK_DATA && whence != SEEK_HOLE) {
+      // The kernel resolves SEEK_SET/CUR/END itself.
+      fuse_reply_err(req, EINVAL);
+      return;
+    }
+    uint64_t offset = static_cast<uint64_t>(off);
+    Result<uint64_t> pos = whence == SEEK_DATA ? handle->volume->SeekData(offset)
+                                               : handle->volume->SeekHole(offset);
+    if (!pos.ok()) {
+      if (pos.status().IsNotFound()) {
+        fuse_reply_err(req, ENXIO);
+        return;
+      }
+      ReplyError(req, pos.status(), "lseek");
+      return;
+    }
+    fuse_reply_lseek(req, static_cast<off_t>(*pos));
+  });
+}
+
+void OnCopyFileRange(fuse_req_t req, fuse_ino_t, off_t off_in, fuse_file_info* fi_in, fuse_ino_t,
+                     off_t off_out, fuse_file_info* fi_out, size_t len, int flags) noexcept {
+  Guarded(req, "copy_file_range", [&] {
+    Server* server = ServerOf(req);
+    FileHandle* src = FileOf(fi_in);
+    FileHandle* dst = FileOf(fi_out);
+    if (flags != 0 || off_in < 0 || off_out < 0) {
+      fuse_reply_err(req, EINVAL);
+      return;
+    }
+    uint64_t in = static_cast<uint64_t>(off_in);
+    uint64_t out = static_cast<uint64_t>(off_out);
+    uint64_t src_size = src->volume->size();
+    // Like a file: copying from at or past the source's end copies nothing.
+    uint64_t n = in >= src_size ? 0 : std::min<uint64_t>(len, src_size - in);
+    if (n == 0) {
+      fuse_reply_write(req, 0);
+      return;
+    }
+    Status s = server->GrowTo(*dst->volume, dst->id, out + n);
+    if (s.ok()) s = server->pool()->ShareRange(src->id, in, dst->id, out, n);
+    if (!s.ok()) {
+      ReplyError(req, s, "copy_file_range");
+      return;
+    }
+    dst->dirty.store(true, std::memory_order_relaxed);
+    fuse_reply_write(req, n);
+  });
+}
+
+fuse_lowlevel_ops MakeOps() {
+  fuse_lowlevel_ops ops{};
+  ops.init = OnInit;
+  ops.lookup = OnLookup;
+  ops.forget = OnForget;
+  ops.forget_multi = OnForgetMulti;
+  ops.getattr = OnGetattr;
+  ops.setattr = OnSetattr;
+  ops.mknod = OnMknod;
+  ops.mkdir = OnMkdir;
+  ops.unlink = OnUnlink;
+  ops.rmdir = OnRmdir;
+  ops.symlink = OnSymlink;
+  ops.rename = OnRename;
+  ops.link = OnLink;
+  ops.open = OnOpen;
+  ops.read = OnRead;
+  ops.write = OnWrite;
+  ops.flush = OnFlush;
+  ops.release = OnRelease;
+  ops.fsync = OnFsync;
+  ops.opendir = OnOpendir;
+  ops.readdir = OnReaddir;
+  ops.readdirplus = OnReaddirplus;
+  ops.releasedir = OnReleasedir;
+  ops.fsyncdir = OnFsyncdir;
+  ops.statfs = OnStatfs;
+  ops.setxattr = OnSetxattr;
+  ops.getxattr = OnGetxattr;
+  ops.listxattr = OnListxattr;
+  ops.removexattr = OnRemovexattr;
+  ops.create = OnCreate;
+  ops.fallocate = OnFallocate;
+  ops.lseek = OnLseek;
+  ops.copy_file_range = OnCopyFileRange;
+  return ops;
+}
+
+// --- Session ---------------------------------------------------------------------
+
+// The mounted session and its server, for the Notify* hooks. Set before the
+// loop starts, cleared (under g_session_mu) before the session is destroyed.
+Mutex g_session_mu;
+fuse_session* g_session GUARDED_BY(g_session_mu) = nullptr;
+Server* g_server GUARDED_BY(g_session_mu) = nullptr;
+
+// libfuse reports why a mount failed through its log; keep the last error
+// so that Serve() can return it.
+Mutex g_fuse_log_mu;
+std::string g_last_fuse_error GUARDED_BY(g_fuse_log_mu);
+
+void FuseLogToOurs(enum fuse_log_level level, const char* fmt, va_list ap) {
+  char msg[512];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  size_t len = strlen(msg);
+  while (len > 0 && msg[len - 1] == '\n') msg[--len] = '\0';
+  LogLevel ours = LogLevel::kDebug;
+  if (level <= FUSE_LOG_ERR) {
+    ours = LogLevel::kError;
+    MutexLock l(&g_fuse_log_mu);
+    g_last_fuse_error = msg;
+  } else if (level <= FUSE_LOG_WARNING) {
+    ours = LogLevel::kWarning;
+  } else if (level <= FUSE_LOG_INFO) {
+    ours = LogLevel::kInfo;
+  }
+  Log(ours, "libfuse: %s", msg);
+}
+
+std::string TakeLastFuseError() {
+  MutexLock l(&g_fuse_log_mu);
+  std::string e = std::move(g_last_fuse_error);
+  g_last_fuse_error.clear();
+  return e.empty() ? "see the log for details" : e;
+}
+
+// Mount options ("-o") escape commas and backslashes in values.
+std::string EscapeOption(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == ',' || c == '\\') out.push_back('\\');
+    out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace
+
+Status Serve(Pool* pool, const ServeConfig& config, std::function<void()> on_ready) {
+  fuse_set_log_func(FuseLogToOurs);
+  Server server(pool, config, std::move(on_ready));
+  fuse_lowlevel_ops ops = MakeOps();
+
+  std::string mount_opts = "default_permissions,fsname=" + EscapeOption(config.fsname) +
+                           ",subtype=thinfs";
+  if (config.allow_other) mount_opts += ",allow_other";
+  if (config.read_only) mount_opts += ",ro";
+  std::vector<std::string> argv_storage = {"thinfs", "-o", mount_opts};
+  std::vector<char*> argv;
+  for (std::string& a : argv_storage) argv.push_back(a.data());
+  fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
+
+  fuse_session* se = fuse_session_new(&args, &ops, sizeof ops, &server);
+  if (se == nullptr) {
+    return Status::IOError("cannot create the FUSE session: " + TakeLastFuseError());
+  }
+  if (fuse_set_signal_handlers(se) != 0) {
+    fuse_session_destroy(se);
+    return Status::IOError("cannot install signal handlers: " + TakeLastFuseError());
+  }
+  if (fuse_session_mount(se, config.mountpoint.c_str()) != 0) {
+    fuse_remove_signal_handlers(se);
+    fuse_session_destroy(se);
+    return Status::IOError("cannot mount on " + config.mountpoint + ": " + TakeLastFuseError());
+  }
+  {
+    MutexLock l(&g_session_mu);
+    g_session = se;
+    g_server = &server;
+  }
+  THINFS_LOG_INFO("serving %s on %s", config.fsname.c_str(), config.mountpoint.c_str());
+
+  fuse_loop_config loop{};
+  loop.clone_fd = 1;
+  loop.max_idle_threads = config.max_idle_threads;
+  int rc = fuse_session_loop_mt(se, &loop);
+
+  {
+    MutexLock l(&g_session_mu);
+    g_session = nullptr;
+    g_server = nullptr;
+  }
+  fuse_session_unmount(se);
+  fuse_remove_signal_handlers(se);
+  fuse_session_destroy(se);
+  if (rc < 0) return Status::FromErrno(-rc, "FUSE loop");
+  if (rc > 0) THINFS_LOG_INFO("got signal %d, unmounted %s", rc, config.mountpoint.c_str());
+  return Status::Ok();
+}
+
+void NotifyEntryChanged(const std::string& name) {
+  MutexLock l(&g_session_mu);
+  if (g_session == nullptr) return;
+  int rc = fuse_lowlevel_notify_inval_entry(g_session, kRootIno, name.c_str(), name.size());
+  if (rc != 0 && rc != -ENOENT) {
+    THINFS_LOG_WARNING("invalidate entry %s: %s", name.c_str(), strerror(-rc));
+  }
+}
+
+void NotifyInodeChanged(VolumeId id) {
+  MutexLock l(&g_session_mu);
+  if (g_session == nullptr) return;
+  g_server->MarkStale(id);
+  int rc = fuse_lowlevel_notify_inval_inode(g_session, InoOf(id), 0, 0);
+  if (rc != 0 && rc != -ENOENT) {
+    THINFS_LOG_WARNING("invalidate inode of device %llu: %s",
+                       static_cast<unsigned long long>(id.value), strerror(-rc));
+  }
+}
+
+}  // namespace thinfs::fs

@@ -1,0 +1,54 @@
+// The FUSE low-level adapter: one regular file per visible thin device in a
+// single root directory.
+//
+// Inode numbers are stable and need no table: the root is 1 and a device's
+// inode is its VolumeId + 1 (ids are never reused), generation 0. Every
+// callback is noexcept, replies exactly once and converts Status with
+// ToErrno(). No lock is held across a fuse_reply_*.
+//
+// Thread safety: Serve() runs libfuse's multi-threaded loop; the callbacks
+// run concurrently on its workers. NotifyEntryChanged/NotifyInodeChanged
+// (fs/mount.h, implemented here) may be called from any thread.
+
+#ifndef THINFS_FS_SERVER_H_
+#define THINFS_FS_SERVER_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "core/pool.h"
+#include "core/status.h"
+#include "core/types.h"
+
+namespace thinfs::fs {
+
+struct ServeConfig {
+  std::string fsname;      // "thinfs:/abs/pool" (shown by mount and df)
+  std::string mountpoint;  // absolute
+  bool read_only = false;
+  bool allow_other = false;
+  bool writeback_cache = false;
+  // The root directory shows the pool directory's owner and times.
+  uid_t root_uid = 0;
+  gid_t root_gid = 0;
+  int64_t root_mtime_ns = 0;
+  int64_t root_ctime_ns = 0;
+  // Worker threads kept idle by libfuse's loop.
+  unsigned max_idle_threads = 16;
+};
+
+// Mounts `pool` on config.mountpoint and serves it until the file system is
+// unmounted or the process gets SIGTERM, SIGINT or SIGHUP. `on_ready` runs
+// once, on a FUSE worker, when the kernel's INIT has been answered: from
+// then on the mount is usable. Does not close the pool.
+// Returns kIOError when the session cannot be created or mounted (the
+// message carries libfuse's reason), else OK once the loop has ended.
+// REQUIRES: the mountpoint is an existing empty directory.
+Status Serve(Pool* pool, const ServeConfig& config, std::function<void()> on_ready);
+
+}  // namespace thinfs::fs
+
+#endif  // THINFS_FS_SERVER_H_

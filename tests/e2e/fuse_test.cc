@@ -1,0 +1,212 @@
+// `thinfs mount` end to end: the real binary, a pool on disk, the daemon in
+// the foreground (log in the test's temp dir) or daemonized, remounts,
+// signals, kill -9 and loop devices. Operation-level checks run in-process
+// in tests/e2e/server_test.cc.
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/util/e2e_util.h"
+
+namespace thinfs::testing {
+namespace {
+
+constexpr uint64_t kBlockSize = 64 * 1024;
+
+class FuseTest : public E2eTest {
+ protected:
+  void WriteAt(const std::string& path, uint64_t offset, const std::vector<char>& data,
+               bool do_fsync) {
+    int fd = open(path.c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0) << path << ": " << strerror(errno);
+    ssize_t n = pwrite(fd, data.data(), data.size(), static_cast<off_t>(offset));
+    int err = errno;
+    if (do_fsync) {
+      EXPECT_EQ(fsync(fd), 0) << strerror(errno);
+    }
+    close(fd);
+    ASSERT_EQ(n, static_cast<ssize_t>(data.size())) << strerror(err);
+  }
+
+  std::vector<char> ReadAt(const std::string& path, uint64_t offset, size_t size) {
+    std::vector<char> out(size);
+    int fd = open(path.c_str(), O_RDONLY);
+    EXPECT_GE(fd, 0) << path << ": " << strerror(errno);
+    if (fd < 0) return {};
+    ssize_t n = pread(fd, out.data(), size, static_cast<off_t>(offset));
+    close(fd);
+    out.resize(n < 0 ? 0 : static_cast<size_t>(n));
+    return out;
+  }
+
+  void Truncate(const std::string& name, const std::string& size) {
+    CommandResult r = RunCommand("truncate -s " + size + " " + ShellQuote(Vol(name)));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+};
+
+TEST_F(FuseTest, DaemonIsUsableWhenMountReturnsAndUnmountEndsIt) {
+  FormatPool("64M");
+  CommandResult r = MountDaemon();
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(IsThinfsMounted(mnt_));
+  std::vector<pid_t> daemons = FindMountDaemons(pool_);
+  ASSERT_EQ(daemons.size(), 1u);
+  Truncate("v", "1M");
+  struct stat st {};
+  ASSERT_EQ(stat(Vol("v").c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 1 << 20);
+  std::string err = Unmount();
+  EXPECT_EQ(err, "");
+  EXPECT_FALSE(IsThinfsMounted(mnt_));
+}
+
+TEST_F(FuseTest, EverythingPersistsAcrossRemount) {
+  FormatPool("64M");
+  ASSERT_EQ(MountForeground(), "");
+  Truncate("a", "10M");
+  Truncate("b", "3M");
+  ASSERT_EQ(chmod(Vol("a").c_str(), 0640), 0);
+  const uint64_t seed = 21;
+  WriteAt(Vol("a"), 12345, Pattern(seed, 12345, 3 * kBlockSize), /*do_fsync=*/false);
+  WriteAt(Vol("b"), 0, Pattern(seed + 1, 0, 100), /*do_fsync=*/false);
+  ASSERT_EQ(Unmount(), "");
+
+  ASSERT_EQ(MountForeground(), "");
+  CommandResult ls = RunCommand("ls -1 " + ShellQuote(mnt_));
+  EXPECT_EQ(ls.output, "a\nb\n");
+  struct stat st {};
+  ASSERT_EQ(stat(Vol("a").c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 10 << 20);
+  EXPECT_EQ(st.st_mode & 07777, 0640u);
+  EXPECT_EQ(ReadAt(Vol("a"), 12345, 3 * kBlockSize), Pattern(seed, 12345, 3 * kBlockSize));
+  EXPECT_EQ(ReadAt(Vol("b"), 0, 100), Pattern(seed + 1, 0, 100));
+}
+
+TEST_F(FuseTest, BadMountpointsGiveClearErrors) {
+  FormatPool("16M");
+  std::string bin = ShellQuote(ThinfsBinary());
+  CommandResult missing =
+      RunCommand(bin + " mount " + ShellQuote(pool_) + " " + ShellQuote(dir_ + "/nope"));
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.output.find("does not exist"), std::string::npos) << missing.output;
+
+  ASSERT_EQ(RunCommand("touch " + ShellQuote(mnt_ + "/junk")).exit_code, 0);
+  CommandResult nonempty = RunCommand(bin + " mount " + ShellQuote(pool_) + " " + ShellQuote(mnt_));
+  EXPECT_NE(nonempty.exit_code, 0);
+  EXPECT_NE(nonempty.output.find("not empty"), std::string::npos) << nonempty.output;
+
+  CommandResult file =
+      RunCommand(bin + " mount " + ShellQuote(pool_) + " " + ShellQuote(mnt_ + "/junk"));
+  EXPECT_NE(file.exit_code, 0);
+  EXPECT_NE(file.output.find("not a directory"), std::string::npos) << file.output;
+  EXPECT_FALSE(IsThinfsMounted(mnt_));
+  EXPECT_TRUE(FindMountDaemons(pool_).empty());
+}
+
+TEST_F(FuseTest, MountedPoolIsRefusedNamingTheOwner) {
+  FormatPool("16M");
+  ASSERT_EQ(MountForeground(), "");
+  std::string other = dir_ + "/other";
+  ASSERT_EQ(mkdir(other.c_str(), 0755), 0);
+  CommandResult r = RunCommand(ShellQuote(ThinfsBinary()) + " mount " + ShellQuote(pool_) + " " +
+                               ShellQuote(other));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find(std::to_string(foreground_pid_)), std::string::npos) << r.output;
+  EXPECT_FALSE(IsThinfsMounted(other));
+}
+
+TEST_F(FuseTest, SigtermUnmountsAndExitsZero) {
+  FormatPool("16M");
+  ASSERT_EQ(MountForeground(), "");
+  Truncate("v", "1M");
+  ASSERT_EQ(kill(foreground_pid_, SIGTERM), 0);
+  int status = -1;
+  ASSERT_EQ(waitpid(foreground_pid_, &status, 0), foreground_pid_);
+  foreground_pid_ = -1;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << Log();
+  EXPECT_FALSE(IsThinfsMounted(mnt_));
+  ASSERT_EQ(MountForeground(), "");
+  EXPECT_EQ(access(Vol("v").c_str(), F_OK), 0);
+}
+
+TEST_F(FuseTest, ReadOnlyMountRefusesWrites) {
+  FormatPool("16M");
+  ASSERT_EQ(MountForeground(), "");
+  Truncate("v", "1M");
+  ASSERT_EQ(Unmount(), "");
+  ASSERT_EQ(MountForeground("ro"), "");
+  errno = 0;
+  EXPECT_LT(open(Vol("v").c_str(), O_WRONLY), 0);
+  EXPECT_EQ(errno, EROFS);
+  EXPECT_LT(open(Vol("w").c_str(), O_CREAT | O_WRONLY, 0644), 0);
+  EXPECT_EQ(ReadAt(Vol("v"), 0, 10), std::vector<char>(10, 0));
+}
+
+TEST_F(FuseTest, KillNineThenRemountKeepsFsyncedData) {
+  FormatPool("64M");
+  // No periodic commit: only the fsync makes data durable.
+  ASSERT_EQ(MountForeground("commit_interval=0"), "");
+  Truncate("v", "8M");
+  const uint64_t seed = 31;
+  const size_t synced = 4 * kBlockSize + 333;
+  WriteAt(Vol("v"), 0, Pattern(seed, 0, synced), /*do_fsync=*/true);
+  WriteAt(Vol("v"), 2 << 20, Pattern(seed + 1, 0, kBlockSize), /*do_fsync=*/false);
+  KillDaemonHard();
+  EXPECT_FALSE(IsThinfsMounted(mnt_));
+  ASSERT_EQ(MountForeground(), "");
+  EXPECT_EQ(ReadAt(Vol("v"), 0, synced), Pattern(seed, 0, synced));
+  struct stat st {};
+  ASSERT_EQ(stat(Vol("v").c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 8 << 20);
+}
+
+TEST_F(FuseTest, FullPoolReportsEnospcToTheWriter) {
+  FormatPool("1M");  // 16 blocks of 64 KiB
+  ASSERT_EQ(MountForeground(), "");
+  CommandResult dd =
+      RunCommand("head -c 4194304 /dev/urandom | dd of=" + ShellQuote(Vol("v")) +
+                 " bs=64k iflag=fullblock conv=fsync 2>&1");
+  EXPECT_NE(dd.exit_code, 0);
+  EXPECT_NE(dd.output.find("No space left on device"), std::string::npos) << dd.output;
+  EXPECT_EQ(PoolUsedBlocks(), 16u);
+}
+
+TEST_F(FuseTest, Ext4OnLoopDeviceAndFstrimGivesSpaceBack) {
+  RequireLoopDevices();
+  FormatPool("512M");
+  ASSERT_EQ(MountForeground(), "");
+  Truncate("disk", "256M");
+  std::string loop = AttachLoop(Vol("disk"), /*direct_io=*/true);
+  ASSERT_FALSE(loop.empty());
+  CommandResult mkfs = RunCommand("mkfs.ext4 -q -F -E nodiscard " + ShellQuote(loop));
+  ASSERT_EQ(mkfs.exit_code, 0) << mkfs.output;
+  std::string inner = dir_ + "/ext4";
+  ASSERT_EQ(mkdir(inner.c_str(), 0755), 0);
+  ASSERT_EQ(RunCommand("mount " + ShellQuote(loop) + " " + ShellQuote(inner)).exit_code, 0);
+  CommandResult fill = RunCommand("head -c 100M /dev/urandom > " + ShellQuote(inner + "/big") +
+                                  " && sync && sha256sum " + ShellQuote(inner + "/big"));
+  EXPECT_EQ(fill.exit_code, 0) << fill.output;
+  uint64_t with_file = PoolUsedBlocks();
+  CommandResult trim = RunCommand("rm " + ShellQuote(inner + "/big") + " && sync && fstrim -v " +
+                                  ShellQuote(inner));
+  EXPECT_EQ(trim.exit_code, 0) << trim.output;
+  RunCommand("umount " + ShellQuote(inner));
+  // fsync the volume so the freed blocks return to the pool.
+  ASSERT_EQ(RunCommand("sync " + ShellQuote(Vol("disk"))).exit_code, 0);
+  uint64_t after = PoolUsedBlocks();
+  uint64_t deleted_blocks = (100u << 20) / PoolBlockSize();
+  EXPECT_GE(with_file - after, deleted_blocks * 9 / 10)
+      << "before " << with_file << " after " << after;
+}
+
+}  // namespace
+}  // namespace thinfs::testing

@@ -1,0 +1,537 @@
+// The FUSE adapter (fs/server.h) mounted in-process over an in-memory pool:
+// every operation of the mount through real syscalls, without the CLI or
+// the on-disk formats. tests/e2e/fuse_test.cc covers the daemon end to end.
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <linux/falloc.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/mem_block_device.h"
+#include "core/mem_metadata.h"
+#include "core/mem_space_map.h"
+#include "core/pool.h"
+#include "fs/server.h"
+#include "tests/util/e2e_util.h"
+
+namespace thinfs::fs {
+namespace {
+
+using thinfs::testing::CommandResult;
+using thinfs::testing::Pattern;
+using thinfs::testing::RunCommand;
+using thinfs::testing::ShellQuote;
+
+constexpr uint64_t kBlockSize = 64 * 1024;
+
+// A file descriptor closed on scope exit.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why = thinfs::testing::FuseUnavailableReason();
+    if (!why.empty()) {
+      if (thinfs::testing::InCi()) FAIL() << "FUSE is required under CI: " << why;
+      GTEST_SKIP() << "FUSE unavailable: " << why;
+    }
+    char tmpl[] = "/tmp/thinfs-server-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    mnt_ = dir_ + "/mnt";
+    ASSERT_EQ(mkdir(mnt_.c_str(), 0755), 0);
+  }
+
+  void TearDown() override {
+    if (serving_) {
+      CommandResult r = RunCommand("fusermount3 -u " + ShellQuote(mnt_));
+      if (r.exit_code != 0) {
+        ADD_FAILURE() << "fusermount3 -u: " << r.output;
+        RunCommand("fusermount3 -u -z " + ShellQuote(mnt_));
+      }
+      serve_thread_.join();
+      EXPECT_TRUE(serve_status_.ok()) << serve_status_.ToString();
+      serving_ = false;
+    }
+    if (pool_) {
+      Status s = pool_->Close();
+      EXPECT_TRUE(s.ok()) << s.ToString();
+      pool_.reset();
+    }
+    if (!dir_.empty()) RunCommand("rm -rf " + ShellQuote(dir_));
+  }
+
+  // Builds a pool of `blocks` data blocks and mounts it on mnt_.
+  void Mount(uint64_t blocks = 4096) {
+    Geometry g(kBlockSize, blocks);
+    Superblock sb;
+    sb.block_size = kBlockSize;
+    sb.data_blocks = blocks;
+    PoolOptions options;
+    options.commit_interval = std::chrono::milliseconds(0);
+    Result<std::unique_ptr<Pool>> pool =
+        Pool::Open(std::make_unique<MemBlockDevice>(g), std::make_unique<MemSpaceMap>(blocks),
+                   std::make_unique<MemMetadataStore>(sb), options);
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    pool_ = std::move(*pool);
+    auto ready = std::make_shared<std::promise<void>>();
+    std::future<void> ready_future = ready->get_future();
+    serving_ = true;
+    // Serve reports readiness once, or returns without it on failure.
+    auto once = std::make_shared<std::once_flag>();
+    auto signal = [ready, once] { std::call_once(*once, [&] { ready->set_value(); }); };
+    serve_thread_ = std::thread([this, signal] {
+      serve_status_ = Serve(pool_.get(), Config(), signal);
+      signal();
+    });
+    ASSERT_EQ(ready_future.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+    ASSERT_TRUE(serve_status_.ok()) << serve_status_.ToString();
+    struct stat st {};
+    ASSERT_EQ(stat(mnt_.c_str(), &st), 0) << strerror(errno);
+  }
+
+  ServeConfig Config() const {
+    ServeConfig config;
+    config.fsname = "thinfs:test";
+    config.mountpoint = mnt_;
+    config.root_uid = getuid();
+    config.root_gid = getgid();
+    return config;
+  }
+
+  std::string Path(const std::string& name) const { return mnt_ + "/" + name; }
+
+  // Creates `name` of `size` bytes through truncate(1) in the mount.
+  void MakeFile(const std::string& name, uint64_t size) {
+    CommandResult r =
+        RunCommand("truncate -s " + std::to_string(size) + " " + ShellQuote(Path(name)));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+
+  void WriteAt(const std::string& name, uint64_t offset, const std::vector<char>& data) {
+    Fd fd(open(Path(name).c_str(), O_WRONLY));
+    ASSERT_GE(fd.get(), 0) << strerror(errno);
+    ASSERT_EQ(pwrite(fd.get(), data.data(), data.size(), static_cast<off_t>(offset)),
+              static_cast<ssize_t>(data.size()))
+        << strerror(errno);
+  }
+
+  std::vector<char> ReadAt(const std::string& name, uint64_t offset, size_t size) {
+    std::vector<char> out(size);
+    Fd fd(open(Path(name).c_str(), O_RDONLY));
+    EXPECT_GE(fd.get(), 0) << strerror(errno);
+    ssize_t n = pread(fd.get(), out.data(), size, static_cast<off_t>(offset));
+    EXPECT_GE(n, 0) << strerror(errno);
+    out.resize(n < 0 ? 0 : static_cast<size_t>(n));
+    return out;
+  }
+
+  struct stat Stat(const std::string& name) {
+    struct stat st {};
+    EXPECT_EQ(stat(Path(name).c_str(), &st), 0) << name << ": " << strerror(errno);
+    return st;
+  }
+
+  uint64_t UsedBlocks() {
+    struct statvfs st {};
+    EXPECT_EQ(statvfs(mnt_.c_str(), &st), 0);
+    return st.f_blocks - st.f_bfree;
+  }
+
+  std::string dir_, mnt_;
+  std::unique_ptr<Pool> pool_;
+  std::thread serve_thread_;
+  Status serve_status_;
+  bool serving_ = false;
+};
+
+TEST_F(ServerTest, RootListsDevicesWithStableInodes) {
+  Mount();
+  ASSERT_TRUE(pool_->CreateDevice("alpha", 1 << 20).ok());
+  ASSERT_TRUE(pool_->CreateDevice("beta", 2 << 20).ok());
+  MakeFile("gamma", 3 << 20);
+  CommandResult ls = RunCommand("ls -1 " + ShellQuote(mnt_));
+  EXPECT_EQ(ls.output, "alpha\nbeta\ngamma\n");
+  Result<DeviceInfo> alpha = pool_->GetDevice("alpha");
+  ASSERT_TRUE(alpha.ok());
+  struct stat st = Stat("alpha");
+  EXPECT_EQ(st.st_ino, alpha->id.value + 1);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  EXPECT_EQ(st.st_size, 1 << 20);
+  EXPECT_EQ(st.st_blksize, static_cast<blksize_t>(kBlockSize));
+  EXPECT_EQ(st.st_blocks, 0);
+  EXPECT_EQ(Stat("gamma").st_size, 3 << 20);
+  struct stat root {};
+  ASSERT_EQ(stat(mnt_.c_str(), &root), 0);
+  EXPECT_EQ(root.st_ino, 1u);
+  EXPECT_EQ(root.st_mode & 07777, 0755u);
+}
+
+TEST_F(ServerTest, UnalignedAndCrossBlockWritesReadBack) {
+  Mount();
+  MakeFile("v", 4 * kBlockSize);
+  const uint64_t seed = 11;
+  // Unaligned, inside one block; spanning a block boundary; a whole block.
+  struct Piece {
+    uint64_t offset;
+    size_t size;
+  } pieces[] = {{100, 333}, {kBlockSize - 7, 20}, {2 * kBlockSize, kBlockSize}, {3 * kBlockSize + 1, kBlockSize - 1}};
+  for (const Piece& p : pieces) WriteAt("v", p.offset, Pattern(seed, p.offset, p.size));
+  for (const Piece& p : pieces) {
+    EXPECT_EQ(ReadAt("v", p.offset, p.size), Pattern(seed, p.offset, p.size)) << p.offset;
+  }
+  // Untouched bytes read as zeros (no stale data).
+  std::vector<char> gap = ReadAt("v", 433, 100);
+  EXPECT_EQ(gap, std::vector<char>(100, 0));
+  // Reads are short at the end.
+  EXPECT_EQ(ReadAt("v", 4 * kBlockSize - 10, 100).size(), 10u);
+}
+
+TEST_F(ServerTest, WritePastEndGrowsLikeAFile) {
+  Mount();
+  MakeFile("v", 0);
+  WriteAt("v", 3 * kBlockSize + 5, Pattern(2, 0, 1000));
+  EXPECT_EQ(Stat("v").st_size, static_cast<off_t>(3 * kBlockSize + 1005));
+  EXPECT_EQ(ReadAt("v", 3 * kBlockSize + 5, 1000), Pattern(2, 0, 1000));
+  Result<DeviceInfo> info = pool_->GetDevice("v");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->size, 3 * kBlockSize + 1005);
+}
+
+TEST_F(ServerTest, DirectIoOpenWorks) {
+  Mount();
+  MakeFile("v", 8 * kBlockSize);
+  const size_t size = 3 * kBlockSize;
+  void* raw = nullptr;
+  ASSERT_EQ(posix_memalign(&raw, 4096, size), 0);
+  std::unique_ptr<void, decltype(&free)> buf(raw, &free);
+  std::vector<char> want = Pattern(5, 4096, size);
+  memcpy(buf.get(), want.data(), size);
+  {
+    Fd fd(open(Path("v").c_str(), O_RDWR | O_DIRECT));
+    ASSERT_GE(fd.get(), 0) << strerror(errno);
+    ASSERT_EQ(pwrite(fd.get(), buf.get(), size, 4096), static_cast<ssize_t>(size))
+        << strerror(errno);
+    memset(buf.get(), 0, size);
+    ASSERT_EQ(pread(fd.get(), buf.get(), size, 4096), static_cast<ssize_t>(size));
+    EXPECT_EQ(memcmp(buf.get(), want.data(), size), 0);
+  }
+  // A buffered reader sees what the direct writer wrote.
+  EXPECT_EQ(ReadAt("v", 4096, size), want);
+}
+
+TEST_F(ServerTest, SeekDataAndHoleFollowTheBlockMap) {
+  Mount();
+  MakeFile("v", 10 * kBlockSize);
+  WriteAt("v", 2 * kBlockSize + 10, Pattern(3, 0, 100));
+  WriteAt("v", 5 * kBlockSize, Pattern(3, 0, 2 * kBlockSize));
+  Fd fd(open(Path("v").c_str(), O_RDONLY));
+  ASSERT_GE(fd.get(), 0);
+  EXPECT_EQ(lseek(fd.get(), 0, SEEK_DATA), static_cast<off_t>(2 * kBlockSize));
+  EXPECT_EQ(lseek(fd.get(), 2 * kBlockSize + 50, SEEK_DATA),
+            static_cast<off_t>(2 * kBlockSize + 50));
+  EXPECT_EQ(lseek(fd.get(), 2 * kBlockSize, SEEK_HOLE), static_cast<off_t>(3 * kBlockSize));
+  EXPECT_EQ(lseek(fd.get(), 3 * kBlockSize, SEEK_DATA), static_cast<off_t>(5 * kBlockSize));
+  EXPECT_EQ(lseek(fd.get(), 5 * kBlockSize, SEEK_HOLE), static_cast<off_t>(7 * kBlockSize));
+  EXPECT_EQ(lseek(fd.get(), 0, SEEK_HOLE), 0);
+  errno = 0;
+  EXPECT_EQ(lseek(fd.get(), 7 * kBlockSize, SEEK_DATA), -1);
+  EXPECT_EQ(errno, ENXIO);
+  errno = 0;
+  EXPECT_EQ(lseek(fd.get(), 10 * kBlockSize, SEEK_HOLE), -1);
+  EXPECT_EQ(errno, ENXIO);
+}
+
+TEST_F(ServerTest, StBlocksAndDuCountMappedBlocks) {
+  Mount();
+  MakeFile("v", 16 * kBlockSize);
+  WriteAt("v", 0, Pattern(4, 0, 10));                   // 1 block
+  WriteAt("v", 7 * kBlockSize, Pattern(4, 0, 2 * kBlockSize));  // 2 blocks
+  struct stat st = Stat("v");
+  EXPECT_EQ(st.st_blocks, static_cast<blkcnt_t>(3 * kBlockSize / 512));
+  CommandResult du = RunCommand("du -B1 " + ShellQuote(Path("v")));
+  ASSERT_EQ(du.exit_code, 0) << du.output;
+  EXPECT_EQ(std::stoull(du.output), 3 * kBlockSize);
+  CommandResult apparent = RunCommand("du -B1 --apparent-size " + ShellQuote(Path("v")));
+  EXPECT_EQ(std::stoull(apparent.output), 16 * kBlockSize);
+}
+
+TEST_F(ServerTest, StatfsReportsThePool) {
+  Mount(1000);
+  struct statvfs st {};
+  ASSERT_EQ(statvfs(mnt_.c_str(), &st), 0);
+  EXPECT_EQ(st.f_frsize, kBlockSize);
+  EXPECT_EQ(st.f_bsize, kBlockSize);
+  EXPECT_EQ(st.f_blocks, 1000u);
+  EXPECT_EQ(st.f_bfree, 1000u);
+  EXPECT_EQ(st.f_bavail, 1000u);
+  EXPECT_EQ(st.f_namemax, 128u);
+  MakeFile("v", 10 * kBlockSize);
+  WriteAt("v", 0, Pattern(6, 0, 4 * kBlockSize));
+  ASSERT_EQ(statvfs(mnt_.c_str(), &st), 0);
+  EXPECT_EQ(st.f_blocks - st.f_bfree, 4u);
+  CommandResult df = RunCommand("df -B" + std::to_string(kBlockSize) + " --output=size,used " +
+                                ShellQuote(mnt_) + " | tail -1");
+  EXPECT_EQ(df.output.find("1000"), df.output.find_first_not_of(' ')) << df.output;
+}
+
+TEST_F(ServerTest, FallocatePunchZeroAndPreallocate) {
+  Mount();
+  MakeFile("v", 8 * kBlockSize);
+  WriteAt("v", 0, Pattern(7, 0, 8 * kBlockSize));
+  uint64_t used = UsedBlocks();
+  ASSERT_EQ(used, 8u);
+  Fd fd(open(Path("v").c_str(), O_RDWR));
+  ASSERT_GE(fd.get(), 0);
+  // Punch blocks 1-2 plus 100 bytes either side: whole blocks unmapped,
+  // edges zeroed.
+  ASSERT_EQ(fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, kBlockSize - 100,
+                      2 * kBlockSize + 200),
+            0)
+      << strerror(errno);
+  // Freed blocks return to the pool once the change is committed.
+  ASSERT_EQ(fsync(fd.get()), 0);
+  EXPECT_EQ(UsedBlocks(), 6u);
+  std::vector<char> got = ReadAt("v", kBlockSize - 100, 2 * kBlockSize + 200);
+  EXPECT_EQ(got, std::vector<char>(2 * kBlockSize + 200, 0));
+  EXPECT_EQ(ReadAt("v", kBlockSize - 101, 1), Pattern(7, kBlockSize - 101, 1));
+  EXPECT_EQ(ReadAt("v", 3 * kBlockSize + 100, 1), Pattern(7, 3 * kBlockSize + 100, 1));
+  // ZERO_RANGE over block 5 unmaps it.
+  ASSERT_EQ(fallocate(fd.get(), FALLOC_FL_ZERO_RANGE, 5 * kBlockSize, kBlockSize), 0)
+      << strerror(errno);
+  EXPECT_EQ(ReadAt("v", 5 * kBlockSize, kBlockSize), std::vector<char>(kBlockSize, 0));
+  ASSERT_EQ(fsync(fd.get()), 0);
+  EXPECT_EQ(UsedBlocks(), 5u);
+  // Plain fallocate past the end provisions and grows.
+  ASSERT_EQ(fallocate(fd.get(), 0, 8 * kBlockSize, 2 * kBlockSize), 0) << strerror(errno);
+  EXPECT_EQ(Stat("v").st_size, static_cast<off_t>(10 * kBlockSize));
+  EXPECT_EQ(UsedBlocks(), 7u);
+  // KEEP_SIZE preallocation does not grow.
+  ASSERT_EQ(fallocate(fd.get(), FALLOC_FL_KEEP_SIZE, 10 * kBlockSize, kBlockSize), 0);
+  EXPECT_EQ(Stat("v").st_size, static_cast<off_t>(10 * kBlockSize));
+  // Anything else is refused.
+  errno = 0;
+  EXPECT_EQ(fallocate(fd.get(), FALLOC_FL_COLLAPSE_RANGE, 0, kBlockSize), -1);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+}
+
+TEST_F(ServerTest, CpReflinkAutoSharesBlocks) {
+  Mount();
+  const uint64_t size = 64 * kBlockSize;
+  MakeFile("orig", size);
+  WriteAt("orig", 0, Pattern(8, 0, size));
+  uint64_t used = UsedBlocks();
+  ASSERT_EQ(used, 64u);
+  CommandResult cp = RunCommand("cp --reflink=auto --sparse=never " + ShellQuote(Path("orig")) +
+                                " " + ShellQuote(Path("clone")));
+  ASSERT_EQ(cp.exit_code, 0) << cp.output;
+  EXPECT_EQ(UsedBlocks(), used) << "copy_file_range should share, not copy";
+  EXPECT_EQ(Stat("clone").st_size, static_cast<off_t>(size));
+  CommandResult cmp = RunCommand("cmp " + ShellQuote(Path("orig")) + " " + ShellQuote(Path("clone")));
+  EXPECT_EQ(cmp.exit_code, 0) << cmp.output;
+  // Writing the clone copies on write; the original keeps its bytes.
+  WriteAt("clone", 10, Pattern(9, 0, 100));
+  EXPECT_EQ(ReadAt("clone", 10, 100), Pattern(9, 0, 100));
+  EXPECT_EQ(ReadAt("orig", 0, size), Pattern(8, 0, size));
+  EXPECT_EQ(UsedBlocks(), used + 1);
+}
+
+TEST_F(ServerTest, CopyFileRangeUnalignedAndPastSourceEnd) {
+  Mount();
+  MakeFile("src", 4 * kBlockSize);
+  WriteAt("src", 0, Pattern(10, 0, 4 * kBlockSize));
+  MakeFile("dst", 0);
+  Fd in(open(Path("src").c_str(), O_RDONLY));
+  Fd out(open(Path("dst").c_str(), O_WRONLY));
+  ASSERT_GE(in.get(), 0);
+  ASSERT_GE(out.get(), 0);
+  loff_t off_in = 1000, off_out = 77;
+  // Asks for more than the source holds: clipped at its end.
+  ssize_t n = copy_file_range(in.get(), &off_in, out.get(), &off_out, 10 * kBlockSize, 0);
+  ASSERT_EQ(n, static_cast<ssize_t>(4 * kBlockSize - 1000)) << strerror(errno);
+  EXPECT_EQ(Stat("dst").st_size, static_cast<off_t>(77 + 4 * kBlockSize - 1000));
+  EXPECT_EQ(ReadAt("dst", 77, 4 * kBlockSize - 1000), Pattern(10, 1000, 4 * kBlockSize - 1000));
+  EXPECT_EQ(ReadAt("dst", 0, 77), std::vector<char>(77, 0));
+}
+
+TEST_F(ServerTest, BadNamesAreRefused) {
+  Mount();
+  errno = 0;
+  EXPECT_EQ(open(Path(".hidden").c_str(), O_CREAT | O_WRONLY, 0644), -1);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(open(Path("bad name").c_str(), O_CREAT | O_WRONLY, 0644), -1);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  std::string long_name(129, 'x');
+  EXPECT_EQ(open(Path(long_name).c_str(), O_CREAT | O_WRONLY, 0644), -1);
+  EXPECT_EQ(errno, ENAMETOOLONG);
+  errno = 0;
+  // A '/' makes a path into a missing directory: ENOENT from the lookup.
+  EXPECT_EQ(open(Path("a/b").c_str(), O_CREAT | O_WRONLY, 0644), -1);
+  EXPECT_NE(errno, 0);
+  std::string ok_name(128, 'y');
+  Fd fd(open(Path(ok_name).c_str(), O_CREAT | O_WRONLY, 0644));
+  EXPECT_GE(fd.get(), 0) << strerror(errno);
+}
+
+TEST_F(ServerTest, DirectoriesLinksAndSpecialFilesArePermissionErrors) {
+  Mount();
+  MakeFile("v", kBlockSize);
+  errno = 0;
+  EXPECT_EQ(mkdir(Path("d").c_str(), 0755), -1);
+  EXPECT_EQ(errno, EPERM);
+  errno = 0;
+  EXPECT_EQ(symlink("v", Path("s").c_str()), -1);
+  EXPECT_EQ(errno, EPERM);
+  errno = 0;
+  EXPECT_EQ(link(Path("v").c_str(), Path("h").c_str()), -1);
+  EXPECT_EQ(errno, EPERM);
+  errno = 0;
+  EXPECT_EQ(mkfifo(Path("f").c_str(), 0644), -1);
+  EXPECT_EQ(errno, EPERM);
+  errno = 0;
+  EXPECT_EQ(setxattr(Path("v").c_str(), "user.x", "1", 1, 0), -1);
+  EXPECT_EQ(errno, ENOTSUP);
+}
+
+TEST_F(ServerTest, FullPoolGivesEnospcAndKeepsEarlierData) {
+  Mount(16);
+  MakeFile("v", 64 * kBlockSize);
+  Fd fd(open(Path("v").c_str(), O_WRONLY));
+  ASSERT_GE(fd.get(), 0);
+  int failed_errno = 0;
+  uint64_t written_blocks = 0;
+  for (uint64_t b = 0; b < 64; ++b) {
+    std::vector<char> data = Pattern(12, b * kBlockSize, kBlockSize);
+    if (pwrite(fd.get(), data.data(), data.size(), static_cast<off_t>(b * kBlockSize)) < 0) {
+      failed_errno = errno;
+      break;
+    }
+    written_blocks++;
+  }
+  EXPECT_EQ(failed_errno, ENOSPC);
+  EXPECT_EQ(written_blocks, 16u);
+  EXPECT_EQ(ReadAt("v", 0, 16 * kBlockSize), Pattern(12, 0, 16 * kBlockSize));
+  // Overwrites of mapped, unshared blocks still work when full.
+  WriteAt("v", 0, Pattern(13, 0, kBlockSize));
+  EXPECT_EQ(ReadAt("v", 0, kBlockSize), Pattern(13, 0, kBlockSize));
+}
+
+TEST_F(ServerTest, UnlinkWhileOpenKeepsWorkingUntilLastClose) {
+  Mount();
+  MakeFile("v", 4 * kBlockSize);
+  WriteAt("v", 0, Pattern(14, 0, 2 * kBlockSize));
+  uint64_t used = UsedBlocks();
+  {
+    Fd fd(open(Path("v").c_str(), O_RDWR));
+    ASSERT_GE(fd.get(), 0);
+    ASSERT_EQ(unlink(Path("v").c_str()), 0) << strerror(errno);
+    EXPECT_NE(access(Path("v").c_str(), F_OK), 0);
+    std::vector<char> more = Pattern(14, 2 * kBlockSize, kBlockSize);
+    ASSERT_EQ(pwrite(fd.get(), more.data(), more.size(), 2 * kBlockSize),
+              static_cast<ssize_t>(more.size()));
+    std::vector<char> back(3 * kBlockSize);
+    ASSERT_EQ(pread(fd.get(), back.data(), back.size(), 0), static_cast<ssize_t>(back.size()));
+    EXPECT_EQ(back, Pattern(14, 0, 3 * kBlockSize));
+    // A new device may take the name meanwhile.
+    MakeFile("v", kBlockSize);
+  }
+  // close(2) does not wait for FUSE's RELEASE: poll until the last close
+  // has deleted the unlinked device and its 3 blocks are free again.
+  EXPECT_EQ(used, 2u);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (UsedBlocks() != 0 && std::chrono::steady_clock::now() < deadline) {
+    ASSERT_TRUE(pool_->RunGcForTesting().ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(UsedBlocks(), 0u);
+  EXPECT_EQ(Stat("v").st_size, static_cast<off_t>(kBlockSize));
+}
+
+TEST_F(ServerTest, UnlinkAndRename) {
+  Mount();
+  MakeFile("a", kBlockSize);
+  MakeFile("b", 2 * kBlockSize);
+  ASSERT_EQ(rename(Path("a").c_str(), Path("c").c_str()), 0) << strerror(errno);
+  EXPECT_EQ(Stat("c").st_size, static_cast<off_t>(kBlockSize));
+  EXPECT_TRUE(pool_->GetDevice("c").ok());
+  // rename(2) replaces an existing target.
+  ASSERT_EQ(rename(Path("c").c_str(), Path("b").c_str()), 0) << strerror(errno);
+  EXPECT_EQ(Stat("b").st_size, static_cast<off_t>(kBlockSize));
+  MakeFile("d", kBlockSize);
+  EXPECT_EQ(renameat2(AT_FDCWD, Path("d").c_str(), AT_FDCWD, Path("b").c_str(), RENAME_NOREPLACE),
+            -1);
+  EXPECT_EQ(errno, EEXIST);
+  EXPECT_EQ(renameat2(AT_FDCWD, Path("d").c_str(), AT_FDCWD, Path("b").c_str(), RENAME_EXCHANGE),
+            -1);
+  EXPECT_EQ(errno, EINVAL);
+  ASSERT_EQ(unlink(Path("b").c_str()), 0);
+  EXPECT_FALSE(pool_->GetDevice("b").ok());
+  errno = 0;
+  EXPECT_EQ(unlink(Path("b").c_str()), -1);
+  EXPECT_EQ(errno, ENOENT);
+}
+
+TEST_F(ServerTest, ModeOwnerAndTimesAreStored) {
+  Mount();
+  MakeFile("v", kBlockSize);
+  ASSERT_EQ(chmod(Path("v").c_str(), 0600), 0);
+  ASSERT_EQ(chown(Path("v").c_str(), 1234, 5678), 0) << strerror(errno);
+  timespec times[2] = {{1000, 5}, {2000, 7}};
+  ASSERT_EQ(utimensat(AT_FDCWD, Path("v").c_str(), times, 0), 0);
+  Result<DeviceInfo> info = pool_->GetDevice("v");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->mode & 07777, 0600u);
+  EXPECT_EQ(info->uid, 1234u);
+  EXPECT_EQ(info->gid, 5678u);
+  EXPECT_EQ(info->mtime_ns, 2000'000'000'007);
+  struct stat st = Stat("v");
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  EXPECT_EQ(st.st_uid, 1234u);
+  EXPECT_EQ(st.st_mtim.tv_sec, 2000);
+  EXPECT_EQ(st.st_mtim.tv_nsec, 7);
+  // Truncate resizes the device.
+  ASSERT_EQ(truncate(Path("v").c_str(), 5 * kBlockSize), 0);
+  EXPECT_EQ(pool_->GetDevice("v")->size, 5 * kBlockSize);
+}
+
+TEST_F(ServerTest, FsyncCommitsThePool) {
+  Mount();
+  MakeFile("v", kBlockSize);
+  uint64_t before = pool_->Stats().transaction_id;
+  Fd fd(open(Path("v").c_str(), O_WRONLY));
+  ASSERT_GE(fd.get(), 0);
+  std::vector<char> data = Pattern(15, 0, 100);
+  ASSERT_EQ(pwrite(fd.get(), data.data(), data.size(), 0), 100);
+  ASSERT_EQ(fsync(fd.get()), 0);
+  EXPECT_GT(pool_->Stats().transaction_id, before);
+}
+
+}  // namespace
+}  // namespace thinfs::fs
