@@ -56,6 +56,8 @@ int RunFormat(const std::vector<std::string>& args);
 int RunStatus(const std::vector<std::string>& args);
 // tools/cmd_check.cc
 int RunCheck(const std::vector<std::string>& args);
+int RunMount(const std::vector<std::string>& args);
+int RunUmount(const std::vector<std::string>& args);
 
 // The options and positional arguments of one subcommand.
 class CommandLine {

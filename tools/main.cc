@@ -16,6 +16,8 @@ const std::vector<Command>& Commands() {
       {"format", "create a pool (data area, metadata, bitmap)", RunFormat},
       {"status", "show a pool's geometry, usage and devices", RunStatus},
       {"check", "verify a pool's metadata (fsck-like exit status)", RunCheck},
+      {"mount", "serve a pool's devices as files through FUSE", RunMount},
+      {"umount", "unmount a thinfs mount", RunUmount},
   };
   return kCommands;
 }

@@ -1,0 +1,75 @@
+// Mount commands: mount, umount.
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "fs/mount.h"
+#include "tools/cli.h"
+
+namespace thinfs::tools {
+
+int RunMount(const std::vector<std::string>& args) {
+  CommandLine cl("mount", "POOL MOUNTPOINT [-f] [-o OPTIONS]",
+                 "Serves the pool's devices as sparse files under MOUNTPOINT (an empty\n"
+                 "directory) through FUSE. Returns once the mount is usable and keeps\n"
+                 "serving as a daemon that logs to syslog; -f stays in the foreground and\n"
+                 "logs to stderr. 'thinfs umount MOUNTPOINT', 'fusermount3 -u MOUNTPOINT',\n"
+                 "SIGTERM or SIGINT end it cleanly (final commit, clean bitmap).");
+  cl.Positional("POOL", "pool directory (see 'thinfs format')");
+  cl.Positional("MOUNTPOINT", "empty directory to mount on");
+  cl.AddOptions()
+      ("foreground,f", po::bool_switch(), "stay in the foreground, log to stderr")
+      ("options,o", po::value<std::string>()->value_name("OPTIONS")->default_value(""),
+       "comma-separated mount options:\n"
+       "  ro | rw                read-only mount (default rw)\n"
+       "  allow_other            let other users see the mount\n"
+       "  commit_interval=DUR    periodic commit (N, Nms, Ns, Nm; 0 off; default 1s)\n"
+       "  cache_size=SIZE        metadata block cache (default 64M)\n"
+       "  zero_detect=on|off     whole-block zero writes unmap (default on)\n"
+       "  direct_io=on|off       O_DIRECT on the pool's data file (default off)\n"
+       "  writeback_cache=on|off kernel writeback cache (default off)\n"
+       "  log_level=error|warning|info|debug");
+  cl.SetEpilog(
+      "Example:\n"
+      "  thinfs mount /srv/pool /mnt/vols\n"
+      "  truncate -s 20G /mnt/vols/vm1 && losetup -f --show /mnt/vols/vm1\n"
+      "  thinfs mount /srv/pool /mnt/vols -o ro,allow_other\n");
+  if (std::optional<int> code = cl.Parse(args)) return *code;
+  Result<fs::MountOptions> options = fs::ParseMountOptions(
+      cl.Arg(0), cl.Arg(1), cl.Get<std::string>("options"), cl.Get<bool>("foreground"));
+  if (!options.ok()) return cl.Fail(kExitUsage, options.status().message());
+  int rc = fs::RunMount(*options);
+  return rc == 0 ? kExitOk : kExitFailure;
+}
+
+int RunUmount(const std::vector<std::string>& args) {
+  CommandLine cl("umount", "MOUNTPOINT",
+                 "Unmounts a thinfs mount; the daemon commits, marks the bitmap clean\n"
+                 "and exits. Same as 'fusermount3 -u MOUNTPOINT'.");
+  cl.Positional("MOUNTPOINT", "where the pool is mounted");
+  cl.SetEpilog("Example:\n  thinfs umount /mnt/vols\n");
+  if (std::optional<int> code = cl.Parse(args)) return *code;
+  pid_t pid = ::fork();
+  if (pid < 0) return cl.Fail(kExitFailure, std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    ::execlp("fusermount3", "fusermount3", "-u", "--", cl.Arg(0).c_str(),
+             static_cast<char*>(nullptr));
+    std::cerr << "thinfs umount: cannot run fusermount3: " << std::strerror(errno) << "\n";
+    ::_exit(127);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return cl.Fail(kExitFailure, "could not unmount " + cl.Arg(0));
+  }
+  return kExitOk;
+}
+
+}  // namespace thinfs::tools
