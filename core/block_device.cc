@@ -7,9 +7,24 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <vector>
 
 namespace thinfs {
+
+Status BlockDevice::WriteZeroes(PoolBlock block, uint64_t count) {
+  const uint64_t bs = geometry().block_size();
+  std::vector<std::byte> zeros(std::min<uint64_t>(bs, 1 << 20));
+  for (uint64_t i = 0; i < count; ++i) {
+    for (uint64_t off = 0; off < bs; off += zeros.size()) {
+      uint64_t n = std::min<uint64_t>(zeros.size(), bs - off);
+      THINFS_RETURN_IF_ERROR(
+          Write(PoolBlock(block.value + i), off, std::span<const std::byte>(zeros.data(), n)));
+    }
+  }
+  return Status::Ok();
+}
 
 Result<std::unique_ptr<FileBlockDevice>> FileBlockDevice::Open(const std::string& path,
                                                                const Geometry& geometry,
@@ -67,6 +82,23 @@ Status FileBlockDevice::Write(PoolBlock block, uint64_t offset, std::span<const 
 Status FileBlockDevice::Sync() {
   if (::fdatasync(fd_) != 0) return Status::FromErrno(errno, "fdatasync data");
   return Status::Ok();
+}
+
+Status FileBlockDevice::WriteZeroes(PoolBlock block, uint64_t count) {
+  uint64_t start = geometry_.BytesOf(block.value);
+  uint64_t len = geometry_.BytesOf(count);
+  if (is_blockdev_) {
+    uint64_t range[2] = {start, len};
+    if (::ioctl(fd_, BLKZEROOUT, range) == 0) return Status::Ok();
+  } else if (::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                         static_cast<off_t>(start), static_cast<off_t>(len)) == 0) {
+    // A punched range of a regular file reads as zeros.
+    return Status::Ok();
+  }
+  if (errno != EOPNOTSUPP && errno != ENOTTY && errno != EINVAL) {
+    return Status::FromErrno(errno, "zero data");
+  }
+  return BlockDevice::WriteZeroes(block, count);
 }
 
 Status FileBlockDevice::Discard(PoolBlock block, uint64_t count) {

@@ -47,6 +47,12 @@ class BlockDevice {
   // no-op.
   virtual Status Discard(PoolBlock block, uint64_t count) = 0;
 
+  // Makes `count` blocks from `block` read as zeros, like fallocate
+  // ZERO_RANGE: cheaper than Write() of zeros where the device can (a hole
+  // punched in a sparse file, BLKZEROOUT). Durable after Sync() like a
+  // write. The default writes zero buffers.
+  virtual Status WriteZeroes(PoolBlock block, uint64_t count);
+
   virtual const Geometry& geometry() const = 0;
 };
 
@@ -67,6 +73,7 @@ class FileBlockDevice final : public BlockDevice {
   Status Write(PoolBlock block, uint64_t offset, std::span<const std::byte> buf) override;
   Status Sync() override;
   Status Discard(PoolBlock block, uint64_t count) override;
+  Status WriteZeroes(PoolBlock block, uint64_t count) override;
   const Geometry& geometry() const override { return geometry_; }
 
   int fd() const { return fd_; }

@@ -1024,8 +1024,11 @@ Status Pool::Impl::ResizeLocked(VolumeState& st, uint64_t new_size) {
           return DiscardBlockLocked(st, b);
         }));
   }
+  // Growing adds blocks that read zeros and changes nothing readable: a
+  // clone being extended piece by piece (copy_file_range after the grow)
+  // stays extendable. Shrinking changes content.
+  if (new_size < old) st.write_gen.fetch_add(1);
   st.size.store(new_size);
-  st.write_gen.fetch_add(1);
   int64_t now = NowNs();
   st.mtime_ns.store(now);
   st.ctime_ns.store(now);
@@ -1141,8 +1144,6 @@ Status Volume::Provision(uint64_t offset, uint64_t length) {
   length = std::min(length, size - offset);
   uint64_t first = p.geometry.BlockOf(offset);
   uint64_t last = p.geometry.BlocksFor(offset + length);
-  const uint64_t bs = p.geometry.block_size();
-  std::vector<std::byte> zeros(bs);
   st.write_gen.fetch_add(1, std::memory_order_relaxed);
   for (uint64_t b = first; b < last; ++b) {
     WriterLock stripe(&p.Stripe(st.id, b));
@@ -1157,7 +1158,9 @@ Status Volume::Provision(uint64_t offset, uint64_t length) {
     if (before.mapped()) continue;
     THINFS_ASSIGN_OR_RETURN(PoolBlock pb, p.AllocateBlock());
     p.n_provisions.fetch_add(1, std::memory_order_relaxed);
-    Status s = p.data->Write(pb, 0, zeros);
+    // No stale data: the block reads zeros (a punched hole where the data
+    // area can, so preallocating a large range is cheap).
+    Status s = p.data->WriteZeroes(pb, 1);
     if (!s.ok()) {
       ReaderLock swap(&p.swap_mu);
       p.space->Free(pb);

@@ -19,6 +19,7 @@ class ForwardingBlockDevice final : public BlockDevice {
   }
   Status Sync() override { return t_->Sync(); }
   Status Discard(PoolBlock b, uint64_t n) override { return t_->Discard(b, n); }
+  Status WriteZeroes(PoolBlock b, uint64_t n) override { return t_->WriteZeroes(b, n); }
   const Geometry& geometry() const override { return t_->geometry(); }
 
  private:
