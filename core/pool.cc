@@ -1521,7 +1521,7 @@ Status Pool::ResizeDevice(const std::string& name, uint64_t new_size) {
   return ResizeDevice(st->id, new_size);
 }
 
-Status Pool::ResizeDevice(VolumeId id, uint64_t new_size) {
+Status Pool::ResizeDevice(VolumeId id, uint64_t new_size, bool commit) {
   Impl& p = *impl_;
   THINFS_RETURN_IF_ERROR(p.CheckWritable());
   std::shared_ptr<VolumeState> st = p.FindById(id.value);
@@ -1532,7 +1532,7 @@ Status Pool::ResizeDevice(VolumeId id, uint64_t new_size) {
     WriterLock io(&st->io_mu);
     THINFS_RETURN_IF_ERROR(p.ResizeLocked(*st, new_size));
   }
-  return p.Commit();
+  return commit ? p.Commit() : Status::Ok();
 }
 
 Status Pool::RenameDevice(const std::string& from, const std::string& to, bool replace) {

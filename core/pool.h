@@ -194,8 +194,11 @@ class Pool {
   Status DetachName(const std::string& name);
   Status DeleteDetached(VolumeId id);
   // Grows or shrinks; shrinking unmaps what lies beyond the new size.
+  // Commits unless `commit` is false (a file growing under writes past its
+  // end becomes durable with the next fsync or periodic commit, like any
+  // write).
   Status ResizeDevice(const std::string& name, uint64_t new_size);
-  Status ResizeDevice(VolumeId id, uint64_t new_size);
+  Status ResizeDevice(VolumeId id, uint64_t new_size, bool commit = true);
   // Renames `from` to `to`. With `replace`, an existing `to` is deleted
   // first (rename(2) semantics); without, kExists.
   Status RenameDevice(const std::string& from, const std::string& to, bool replace = false);

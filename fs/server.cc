@@ -242,7 +242,8 @@ class Server {
     if (end <= volume.size()) return Status::Ok();
     MutexLock l(&resize_mu_);
     if (end <= volume.size()) return Status::Ok();
-    return pool_->ResizeDevice(id, end);
+    // Like any write: durable at the next fsync or periodic commit.
+    return pool_->ResizeDevice(id, end, /*commit=*/false);
   }
 
   Status Resize(VolumeId id, uint64_t size) {
