@@ -716,6 +716,23 @@ struct Pool::Impl {
     return false;
   }
 
+  // How many live devices (counting stops at 2) read block b through `c`
+  // to c's parent.
+  // REQUIRES: devices_mu held.
+  Result<int> ReadersThrough(const VolumeState& c, uint64_t b) REQUIRES(devices_mu) {
+    if (b >= c.parent_limit.load()) return 0;
+    THINFS_ASSIGN_OR_RETURN(std::vector<Version> own, ListOwn(c.id, b));
+    int n = own.empty() && c.live() && !c.gone.load() ? 1 : 0;
+    Epoch min_own = own.empty() ? std::numeric_limits<Epoch>::max() : own.back().epoch;
+    for (const VolumeState* g : c.children) {
+      if (n >= 2) break;
+      if (!own.empty() && g->parent_epoch >= min_own) continue;
+      THINFS_ASSIGN_OR_RETURN(int m, ReadersThrough(*g, b));
+      n += m;
+    }
+    return std::min(n, 2);
+  }
+
   // Removes the versions of (vol, b) that no live device can see.
   // Returns how many were removed.
   Result<int> CollectBlock(VolumeState& vol, uint64_t b) {
@@ -1627,30 +1644,36 @@ Result<DeviceUsage> Pool::ComputeUsage(VolumeId id) {
     THINFS_ASSIGN_OR_RETURN(Resolved r, p.Resolve(*st, b));
     if (!r.mapped()) return Status::Ok();
     u.mapped_blocks++;
-    bool shared = r.owner != st->id;
-    if (!shared && (r.value.flags & MapValue::kMaybeShared)) {
+    bool shared = false;
+    if (r.value.flags & MapValue::kMaybeShared) {
       THINFS_ASSIGN_OR_RETURN(uint32_t rc, p.Refcount(r.value.block));
       shared = rc >= 2;
     }
     if (!shared) {
-      // Own version: shared when a child still reads it.
-      MutexLock d(&p.devices_mu);
+      // Count the live devices that read this version: its owner (when it
+      // is the owner's newest) and everything reaching through its children.
+      std::shared_ptr<VolumeState> owner = r.owner == st->id ? st : p.FindById(r.owner.value);
+      if (!owner) return Status::Corruption("mapping owned by a missing device");
+      THINFS_ASSIGN_OR_RETURN(std::vector<Version> own, p.ListOwn(owner->id, b));
       Epoch next = std::numeric_limits<Epoch>::max();
-      THINFS_ASSIGN_OR_RETURN(std::vector<Version> own, p.ListOwn(st->id, b));
       for (size_t i = 0; i < own.size(); ++i) {
         if (own[i].epoch == r.epoch) {
           next = i == 0 ? std::numeric_limits<Epoch>::max() : own[i - 1].epoch;
           break;
         }
       }
-      for (const VolumeState* c : st->children) {
+      MutexLock d(&p.devices_mu);
+      int readers = next == std::numeric_limits<Epoch>::max() && owner->live() &&
+                            !owner->gone.load()
+                        ? 1
+                        : 0;
+      for (const VolumeState* c : owner->children) {
+        if (readers >= 2) break;
         if (c->parent_epoch < r.epoch || c->parent_epoch >= next) continue;
-        THINFS_ASSIGN_OR_RETURN(bool reach, p.ReachesParent(*c, b));
-        if (reach) {
-          shared = true;
-          break;
-        }
+        THINFS_ASSIGN_OR_RETURN(int m, p.ReadersThrough(*c, b));
+        readers += m;
       }
+      shared = readers >= 2;
     }
     if (shared) {
       u.shared_blocks++;

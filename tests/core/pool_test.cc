@@ -468,6 +468,28 @@ TEST(PoolTest, ChunkedCopyWithSourceChangingInBetween) {
   f.CheckConsistency(true);
 }
 
+TEST(PoolTest, UsageSplitsExclusiveAndShared) {
+  EngineFixture f(kBs, 64);
+  ASSERT_TRUE(f.pool->CreateDevice("o", 8 * kBs).ok());
+  auto o = Open(*f.pool, "o");
+  ASSERT_OK(o->Write(0, Pattern(8 * kBs, 1)));
+  ASSERT_TRUE(f.pool->CreateSnapshot("o", "s").ok());
+  ASSERT_OK(o->Write(0, Pattern(3 * kBs, 2)));  // o moves on for blocks 0-2
+  auto su = f.pool->ComputeUsage(f.pool->GetDevice("s")->id);
+  ASSERT_TRUE(su.ok());
+  EXPECT_EQ(su->mapped_blocks, 8u);
+  EXPECT_EQ(su->exclusive_blocks, 3u);  // only s still reads o's old blocks 0-2
+  EXPECT_EQ(su->shared_blocks, 5u);
+  auto ou = f.pool->ComputeUsage(o->id());
+  ASSERT_TRUE(ou.ok());
+  EXPECT_EQ(ou->exclusive_blocks, 3u);
+  EXPECT_EQ(ou->shared_blocks, 5u);
+  ASSERT_OK(f.pool->DeleteDevice("s"));
+  ou = f.pool->ComputeUsage(o->id());
+  ASSERT_TRUE(ou.ok());
+  EXPECT_EQ(ou->exclusive_blocks, 8u);
+}
+
 TEST(PoolTest, ConcurrentWritersProvisionABlockOnce) {
   EngineFixture f(kBs, 64);
   ASSERT_TRUE(f.pool->CreateDevice("v", 4 * kBs).ok());
