@@ -1031,4 +1031,18 @@ void NotifyInodeChanged(VolumeId id) {
   }
 }
 
+Status DeleteDeviceServed(Pool* pool, const std::string& name) {
+  // g_session_mu keeps the server alive (Serve clears g_server under it
+  // before destroying it). Lock order: g_session_mu -> Server::mu_.
+  MutexLock l(&g_session_mu);
+  if (g_server == nullptr) return pool->DeleteDevice(name);
+  return g_server->Unlink(name);
+}
+
+Status ResizeDeviceServed(Pool* pool, VolumeId id, uint64_t size) {
+  MutexLock l(&g_session_mu);
+  if (g_server == nullptr) return pool->ResizeDevice(id, size);
+  return g_server->Resize(id, size);
+}
+
 }  // namespace thinfs::fs
