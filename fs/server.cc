@@ -974,6 +974,8 @@ Status Serve(Pool* pool, const ServeConfig& config, std::function<void()> on_rea
   fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
 
   fuse_session* se = fuse_session_new(&args, &ops, sizeof ops, &server);
+  // fuse_session_new may copy `args` onto the heap (fuse_opt_add_arg).
+  fuse_opt_free_args(&args);
   if (se == nullptr) {
     return Status::IOError("cannot create the FUSE session: " + TakeLastFuseError());
   }
