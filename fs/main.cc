@@ -2,6 +2,7 @@
 
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <climits>
@@ -13,6 +14,7 @@
 #include <utility>
 
 #include "core/pool.h"
+#include "fs/control.h"
 #include "fs/daemon.h"
 #include "fs/log.h"
 #include "fs/mount.h"
@@ -32,6 +34,15 @@ Result<std::string> RealPath(const std::string& path, const char* what) {
     return Status::FromErrno(errno, std::string(what) + " " + path);
   }
   return std::string(buf);
+}
+
+// Where the data lives: the symlink target for `format --data`, else the
+// pool's own file.
+std::string DataPathOf(const std::string& data) {
+  char buf[PATH_MAX];
+  ssize_t n = readlink(data.c_str(), buf, sizeof buf);
+  if (n > 0 && static_cast<size_t>(n) < sizeof buf) return std::string(buf, static_cast<size_t>(n));
+  return data;
 }
 
 // A daemon serving a loop device must not be throttled or recursed into by
@@ -91,7 +102,25 @@ int OpenAndServe(const MountOptions& options, const std::string& pool_root,
   config.root_mtime_ns = int64_t{root_st.st_mtim.tv_sec} * 1'000'000'000 + root_st.st_mtim.tv_nsec;
   config.root_ctime_ns = int64_t{root_st.st_ctim.tv_sec} * 1'000'000'000 + root_st.st_ctim.tv_nsec;
 
+  // The control socket lets the CLI manage the pool the daemon now owns.
+  // It starts before the mount (requests that arrive early change the pool;
+  // the mount shows the result when it appears) and stops before the close.
+  ControlConfig control;
+  control.pool_root = pool_root;
+  control.socket_path = files->paths.control_socket;
+  control.mountpoint = mountpoint;
+  control.data_path = DataPathOf(files->paths.data);
+  control.owner_uid = root_st.st_uid;
+  Result<std::unique_ptr<ControlServer>> control_server = ControlServer::Start(pool->get(), control);
+  if (!control_server.ok()) {
+    startup.ReportFailure("pool " + pool_root + ": " + control_server.status().ToString());
+    Status s = (*pool)->Close();
+    (void)s;
+    return 1;
+  }
+
   Status served = Serve(pool->get(), config, [&startup] { startup.ReportReady(); });
+  (*control_server)->Stop();
   bool was_ready = startup.reported();
   if (!served.ok() && !was_ready) {
     startup.ReportFailure(served.ToString());

@@ -1,5 +1,5 @@
-// `thinfs mount`: the entry points the CLI calls, and the kernel cache
-// invalidation hooks the control socket uses.
+// `thinfs mount`: the entry points the CLI calls, and the hooks the control
+// socket (fs/control.h) uses: kernel cache invalidation, delete and resize.
 //
 // RunMount() mounts POOL on MOUNTPOINT through FUSE (low-level API,
 // multi-threaded loop) and serves it until it is unmounted (`fusermount3 -u`,
@@ -10,7 +10,8 @@
 //
 // Thread safety: ParseMountOptions is a pure function. RunMount is called
 // once per process. The Notify* functions may be called from any thread while
-// RunMount serves a mount; they do nothing otherwise.
+// RunMount serves a mount (but not from a FUSE callback); they do nothing
+// otherwise. So may the *Served functions.
 
 #ifndef THINFS_FS_MOUNT_H_
 #define THINFS_FS_MOUNT_H_
@@ -19,6 +20,7 @@
 #include <cstddef>
 #include <string>
 
+#include "core/pool.h"
 #include "core/status.h"
 #include "core/types.h"
 
@@ -66,6 +68,14 @@ void NotifyEntryChanged(const std::string& name);
 // Tell the kernel that the attributes and the data of device `id` may have
 // changed; its cached pages are dropped.
 void NotifyInodeChanged(VolumeId id);
+
+// Delete and resize for the control socket. While RunMount serves a mount
+// they go through its FUSE server: a deleted device still open in the mount
+// keeps working until its last close (as after unlink(2)), and a resize is
+// ordered with grow-on-write. Otherwise they call the pool directly.
+// Return the engine's status.
+Status DeleteDeviceServed(Pool* pool, const std::string& name);
+Status ResizeDeviceServed(Pool* pool, VolumeId id, uint64_t size);
 
 }  // namespace thinfs::fs
 

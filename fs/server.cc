@@ -975,6 +975,8 @@ Status Serve(Pool* pool, const ServeConfig& config, std::function<void()> on_rea
   fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
 
   fuse_session* se = fuse_session_new(&args, &ops, sizeof ops, &server);
+  // fuse_session_new may copy `args` onto the heap (fuse_opt_add_arg).
+  fuse_opt_free_args(&args);
   if (se == nullptr) {
     return Status::IOError("cannot create the FUSE session: " + TakeLastFuseError());
   }
@@ -1030,6 +1032,20 @@ void NotifyInodeChanged(VolumeId id) {
     THINFS_LOG_WARNING("invalidate inode of device %llu: %s",
                        static_cast<unsigned long long>(id.value), strerror(-rc));
   }
+}
+
+Status DeleteDeviceServed(Pool* pool, const std::string& name) {
+  // g_session_mu keeps the server alive (Serve clears g_server under it
+  // before destroying it). Lock order: g_session_mu -> Server::mu_.
+  MutexLock l(&g_session_mu);
+  if (g_server == nullptr) return pool->DeleteDevice(name);
+  return g_server->Unlink(name);
+}
+
+Status ResizeDeviceServed(Pool* pool, VolumeId id, uint64_t size) {
+  MutexLock l(&g_session_mu);
+  if (g_server == nullptr) return pool->ResizeDevice(id, size);
+  return g_server->Resize(id, size);
 }
 
 }  // namespace thinfs::fs

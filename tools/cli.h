@@ -56,8 +56,16 @@ int RunFormat(const std::vector<std::string>& args);
 int RunStatus(const std::vector<std::string>& args);
 // tools/cmd_check.cc
 int RunCheck(const std::vector<std::string>& args);
+// tools/cmd_mount.cc
 int RunMount(const std::vector<std::string>& args);
 int RunUmount(const std::vector<std::string>& args);
+// tools/cmd_dev.cc
+int RunCreate(const std::vector<std::string>& args);
+int RunSnapshot(const std::vector<std::string>& args);
+int RunDelete(const std::vector<std::string>& args);
+int RunResize(const std::vector<std::string>& args);
+int RunRename(const std::vector<std::string>& args);
+int RunList(const std::vector<std::string>& args);
 
 // The options and positional arguments of one subcommand.
 class CommandLine {

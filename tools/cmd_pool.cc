@@ -1,4 +1,7 @@
 // Pool commands: format, status.
+//
+// status of a mounted pool asks the daemon (tools/control_client.h); both
+// paths print the report of core/admin.h.
 
 #include <unistd.h>
 
@@ -6,9 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "core/admin.h"
 #include "core/size.h"
 #include "meta/pool_dir.h"
 #include "tools/cli.h"
+#include "tools/control_client.h"
 #include "tools/json.h"
 
 namespace thinfs::tools {
@@ -22,15 +27,6 @@ std::string DataPathOf(const meta::PoolPaths& paths) {
   ssize_t n = ::readlink(paths.data.c_str(), buf, sizeof buf);
   if (n > 0 && static_cast<size_t>(n) < sizeof buf) return std::string(buf, static_cast<size_t>(n));
   return paths.data;
-}
-
-std::string Percent(uint64_t part, uint64_t whole) {
-  if (whole == 0) return "0%";
-  uint64_t hundredths = static_cast<uint64_t>(
-      static_cast<unsigned __int128>(part) * 10000 / whole);
-  std::string frac = std::to_string(hundredths % 100);
-  if (frac.size() < 2) frac = "0" + frac;
-  return std::to_string(hundredths / 100) + "." + frac + "%";
 }
 
 }  // namespace
@@ -114,15 +110,33 @@ int RunFormat(const std::vector<std::string>& args) {
 int RunStatus(const std::vector<std::string>& args) {
   CommandLine cl("status", "POOL [--json]",
                  "Shows a pool's geometry, space usage, device count and transaction id.\n"
-                 "Opens the pool read-only; fails while another process holds it.");
+                 "When the pool is mounted the daemon answers through its control socket\n"
+                 "and adds its engine counters; otherwise the pool is opened read-only.");
   cl.Positional("POOL", "pool directory");
   cl.AddOptions()("json", po::bool_switch(), "print one JSON object");
   cl.SetEpilog(
       "JSON keys: pool, uuid, created, created_ns, data_path, data_bytes, block_size,\n"
-      "data_blocks, used_blocks, free_blocks, devices, transaction_id, bitmap_clean.\n\n"
+      "data_blocks, used_blocks, free_blocks, devices, transaction_id, bitmap_clean,\n"
+      "mounted, mountpoint (null when not mounted) and, when mounted, counters:\n"
+      "{reads, writes, provisions, cow_copies, discards, commits, gc_backlog}.\n\n"
       "Example:\n"
       "  thinfs status /srv/pool --json\n");
   if (std::optional<int> code = cl.Parse(args)) return *code;
+  const bool json = cl.Get<bool>("json");
+
+  std::optional<Result<AdminReply>> remote =
+      CallDaemon(cl.Arg(0), AdminRequest{"status", {{"json", json ? "1" : "0"}}});
+  if (remote) {
+    if (!remote->ok()) return cl.Fail(kExitFailure, remote->status().message());
+    const AdminReply& r = **remote;
+    if (r.exit_code != kAdminOk) return cl.Fail(kExitFailure, r.error);
+    if (json) {
+      std::cout << r.json << std::endl;
+    } else {
+      std::cout << r.text << std::flush;
+    }
+    return kExitOk;
+  }
 
   meta::OpenOptions open_options;
   open_options.read_only = true;
@@ -139,50 +153,23 @@ int RunStatus(const std::vector<std::string>& args) {
   }
 
   const Superblock& sb = files->superblock;
-  const uint64_t total = files->bitmap->total_blocks();
-  const uint64_t free_blocks = files->bitmap->free_blocks();
-  const uint64_t used = total - free_blocks;
-  const uint64_t data_bytes = sb.data_blocks * sb.block_size;
-  const std::string data_path = DataPathOf(files->paths);
-  const std::string uuid = meta::FormatUuid(sb.uuid);
-  const bool clean = files->bitmap->was_clean();
-
-  if (cl.Get<bool>("json")) {
-    JsonWriter j;
-    j.BeginObject()
-        .Key("pool").String(files->paths.root)
-        .Key("uuid").String(uuid)
-        .Key("created").String(FormatTime(sb.created_ns))
-        .Key("created_ns").Int(sb.created_ns)
-        .Key("data_path").String(data_path)
-        .Key("data_bytes").Uint(data_bytes)
-        .Key("block_size").Uint(sb.block_size)
-        .Key("data_blocks").Uint(sb.data_blocks)
-        .Key("used_blocks").Uint(used)
-        .Key("free_blocks").Uint(free_blocks)
-        .Key("devices").Uint(visible)
-        .Key("transaction_id").Uint(sb.transaction_id)
-        .Key("bitmap_clean").Bool(clean)
-        .EndObject();
-    std::cout << j.str() << std::endl;
-    return kExitOk;
+  PoolStatusReport report;
+  report.pool = files->paths.root;
+  report.uuid = meta::FormatUuid(sb.uuid);
+  report.created_ns = sb.created_ns;
+  report.data_path = DataPathOf(files->paths);
+  report.block_size = sb.block_size;
+  report.data_blocks = sb.data_blocks;
+  report.free_blocks = files->bitmap->free_blocks();
+  report.used_blocks = files->bitmap->total_blocks() - report.free_blocks;
+  report.devices = visible;
+  report.transaction_id = sb.transaction_id;
+  report.bitmap_clean = files->bitmap->was_clean();
+  if (json) {
+    std::cout << FormatStatusJson(report) << std::endl;
+  } else {
+    std::cout << FormatStatusText(report) << std::flush;
   }
-  std::cout << "pool:            " << files->paths.root << "\n"
-            << "uuid:            " << uuid << "\n"
-            << "created:         " << FormatTime(sb.created_ns) << "\n"
-            << "data:            " << data_path << "\n"
-            << "block size:      " << FormatSize(sb.block_size) << "\n"
-            << "data size:       " << FormatSize(data_bytes) << " (" << sb.data_blocks
-            << " blocks)\n"
-            << "used:            " << used << " blocks (" << FormatSize(used * sb.block_size)
-            << ", " << Percent(used, total) << ")\n"
-            << "free:            " << free_blocks << " blocks ("
-            << FormatSize(free_blocks * sb.block_size) << ")\n"
-            << "devices:         " << visible << "\n"
-            << "transaction id:  " << sb.transaction_id << "\n"
-            << "bitmap:          "
-            << (clean ? "clean" : "not closed cleanly (may over-report used blocks)")
-            << std::endl;
   return kExitOk;
 }
 

@@ -16,6 +16,12 @@ const std::vector<Command>& Commands() {
       {"format", "create a pool (data area, metadata, bitmap)", RunFormat},
       {"status", "show a pool's geometry, usage and devices", RunStatus},
       {"check", "verify a pool's metadata (fsck-like exit status)", RunCheck},
+      {"create", "create a thin device", RunCreate},
+      {"snapshot", "snapshot a device in constant time", RunSnapshot},
+      {"delete", "delete a device", RunDelete},
+      {"resize", "grow or shrink a device", RunResize},
+      {"rename", "rename a device", RunRename},
+      {"list", "list devices with their block usage", RunList},
       {"mount", "serve a pool's devices as files through FUSE", RunMount},
       {"umount", "unmount a thinfs mount", RunUmount},
   };

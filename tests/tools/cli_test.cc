@@ -2,13 +2,16 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -96,6 +99,23 @@ const CommandSpec kCommands[] = {
     {"format", {"--size", "--block-size", "--data", "--force", "--json", "--help"}},
     {"status", {"--json", "--help"}},
     {"check", {"--json", "--read-only", "--help"}},
+    {"create", {"--size", "--json", "--help", "Example"}},
+    {"snapshot", {"--json", "--help", "Example", "fsync"}},
+    {"delete", {"--json", "--help", "Example"}},
+    {"resize", {"--size", "--json", "--help", "Example"}},
+    {"rename", {"--json", "--help", "Example"}},
+    {"list", {"--json", "--help", "Example", "exclusive_blocks"}},
+};
+
+// The device commands, each with valid arguments after POOL.
+struct DeviceCommand {
+  const char* name;
+  std::vector<std::string> args;
+};
+const DeviceCommand kDeviceCommands[] = {
+    {"create", {"vol", "--size", "1M"}}, {"snapshot", {"vol", "snap"}},
+    {"delete", {"vol"}},                 {"resize", {"vol", "--size", "2M"}},
+    {"rename", {"vol", "other"}},        {"list", {}},
 };
 
 // The byte of the bitmap header to damage: inside the checksummed header,
@@ -506,6 +526,176 @@ TEST(CliCheckTest, MissingMetadataStore) {
   CliRun r = Thinfs({"check", pool});
   EXPECT_EQ(r.exit_code, 4) << Describe(r);
   EXPECT_NE(r.out.find("error: metadata store " + pool + "/meta"), std::string::npos) << r.out;
+}
+
+// ------------------------------------------------------------ device commands
+
+CliRun RunDeviceCommand(const DeviceCommand& c, const std::string& pool) {
+  std::vector<std::string> args = {c.name, pool};
+  args.insert(args.end(), c.args.begin(), c.args.end());
+  return Thinfs(args);
+}
+
+TEST(CliDeviceTest, EveryDeviceCommandOnAMissingPool) {
+  TempDir tmp;
+  const std::string pool = tmp.Sub("absent");
+  for (const DeviceCommand& c : kDeviceCommands) {
+    CliRun r = RunDeviceCommand(c, pool);
+    EXPECT_EQ(r.exit_code, 2) << Describe(r);
+    ExpectOneLineError(r, std::string("thinfs ") + c.name + ": ",
+                       "pool " + pool + " does not exist");
+    r = RunDeviceCommand(c, tmp.path());
+    EXPECT_EQ(r.exit_code, 2) << Describe(r);
+    ExpectOneLineError(r, std::string("thinfs ") + c.name + ": ", "is not a thinfs pool");
+  }
+  EXPECT_EQ(TreeDigest(tmp.path()).size(), 1u) << "nothing created";
+}
+
+TEST(CliDeviceTest, EveryDeviceCommandOnACorruptedBitmap) {
+  TempDir tmp;
+  const std::string pool = tmp.Sub("pool");
+  FormatOrDie(pool);
+  ASSERT_EQ(Thinfs({"create", pool, "vol", "--size", "1M"}).exit_code, 0);
+  FlipByteOrDie(pool + "/bitmap", kBitmapHeaderByte);
+  const std::string bitmap_before = ReadFileOrDie(pool + "/bitmap");
+  for (const DeviceCommand& c : kDeviceCommands) {
+    CliRun r = RunDeviceCommand(c, pool);
+    EXPECT_EQ(r.exit_code, 2) << Describe(r);
+    ExpectOneLineError(r, std::string("thinfs ") + c.name + ": ", "bitmap " + pool + "/bitmap");
+    EXPECT_NE(r.err.find("checksum"), std::string::npos) << r.err;
+    EXPECT_EQ(ReadFileOrDie(pool + "/bitmap"), bitmap_before) << c.name << " wrote the bitmap";
+  }
+}
+
+TEST(CliDeviceTest, JsonRoundTrip) {
+  TempDir tmp;
+  const std::string pool = tmp.Sub("pool");
+  FormatOrDie(pool, "64M");
+  CliRun r = Thinfs({"create", pool, "vm1", "--size", "10M", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  JsonValue v = ParseJson(r.out);
+  EXPECT_EQ(v["name"].string, "vm1");
+  EXPECT_EQ(v["size"].AsUint(), 10u << 20);
+  EXPECT_EQ(v["mapped_blocks"].AsUint(), 0u);
+  EXPECT_EQ(v["parent"].type, JsonValue::Type::kNull);
+  EXPECT_TRUE(r.err.empty()) << r.err;
+
+  r = Thinfs({"snapshot", pool, "vm1", "vm1-snap", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  v = ParseJson(r.out);
+  EXPECT_EQ(v["name"].string, "vm1-snap");
+  EXPECT_EQ(v["parent"].string, "vm1");
+  EXPECT_EQ(v["size"].AsUint(), 10u << 20);
+
+  r = Thinfs({"resize", pool, "vm1", "--size", "1G", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_EQ(ParseJson(r.out)["size"].AsUint(), 1u << 30);
+
+  r = Thinfs({"rename", pool, "vm1-snap", "vm1.old", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_EQ(ParseJson(r.out)["name"].string, "vm1.old");
+
+  r = Thinfs({"list", pool, "--json"});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  v = ParseJson(r.out);
+  ASSERT_EQ(v.type, JsonValue::Type::kArray) << r.out;
+  ASSERT_EQ(v.array.size(), 2u) << r.out;
+  for (const JsonValue& d : v.array) {
+    for (const char* key : {"name", "size", "mapped_blocks", "exclusive_blocks", "shared_blocks",
+                            "parent", "created"}) {
+      EXPECT_TRUE(d.Has(key)) << key << ": " << r.out;
+    }
+    EXPECT_EQ(d["created"].string.size(), 20u) << d["created"].string;
+  }
+  EXPECT_EQ(v.array[0]["name"].string, "vm1");
+  EXPECT_EQ(v.array[0]["size"].AsUint(), 1u << 30);
+  EXPECT_EQ(v.array[1]["name"].string, "vm1.old");
+  EXPECT_EQ(v.array[1]["parent"].string, "vm1");
+
+  r = Thinfs({"list", pool});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_NE(r.out.find("vm1.old"), std::string::npos) << r.out;
+
+  r = Thinfs({"delete", pool, "vm1.old", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_TRUE(ParseJson(r.out)["deleted"].boolean);
+  r = Thinfs({"list", pool, "--json"});
+  EXPECT_EQ(ParseJson(r.out).array.size(), 1u) << r.out;
+  r = Thinfs({"status", pool, "--json"});
+  EXPECT_EQ(ParseJson(r.out)["devices"].AsUint(), 1u) << r.out;
+  EXPECT_EQ(Thinfs({"check", pool}).exit_code, 0);
+}
+
+TEST(CliDeviceTest, BadInputsChangeNothing) {
+  TempDir tmp;
+  const std::string pool = tmp.Sub("pool");
+  FormatOrDie(pool, "64M");
+  ASSERT_EQ(Thinfs({"create", pool, "a", "--size", "1M"}).exit_code, 0);
+  ASSERT_EQ(Thinfs({"create", pool, "b", "--size", "1M"}).exit_code, 0);
+  const std::string before = Thinfs({"list", pool, "--json"}).out;
+  ASSERT_FALSE(before.empty());
+  struct Case {
+    std::vector<std::string> args;  // after the command name and POOL
+    const char* command;
+    int exit_code;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {{"a", "--size", "1M"}, "create", 2, "device 'a' already exists"},
+      {{".a", "--size", "1M"}, "create", 1, "must not start with '.'"},
+      {{"a/b", "--size", "1M"}, "create", 1, "a/b"},
+      {{std::string(129, 'x'), "--size", "1M"}, "create", 1, "name"},
+      {{"c"}, "create", 1, "--size is required"},
+      {{"c", "--size", "12abc"}, "create", 1, "--size: invalid size '12abc'"},
+      {{"c", "--size=-1M"}, "create", 1, "negative size"},
+      {{"nope", "s"}, "snapshot", 2, "no device named 'nope'"},
+      {{"a", "b"}, "snapshot", 2, "device 'b' already exists"},
+      {{"a", ".s"}, "snapshot", 1, "must not start with '.'"},
+      {{"a"}, "snapshot", 1, "missing NAME argument"},
+      {{"nope"}, "delete", 2, "no device named 'nope'"},
+      {{"nope", "--size", "1M"}, "resize", 2, "no device named 'nope'"},
+      {{"a", "--size=-1"}, "resize", 1, "negative size"},
+      {{"a", "--size", "lots"}, "resize", 1, "invalid size 'lots'"},
+      {{"a", "--size", "9223372036854775808"}, "resize", 1, "largest device"},
+      {{"a"}, "resize", 1, "--size is required"},
+      {{"nope", "z"}, "rename", 2, "no device named 'nope'"},
+      {{"a", "b"}, "rename", 2, "device 'b' already exists"},
+      {{"a", ".b"}, "rename", 1, "must not start with '.'"},
+      {{"extra"}, "list", 1, "unexpected argument 'extra'"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {c.command, pool};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    CliRun r = Thinfs(args);
+    EXPECT_EQ(r.exit_code, c.exit_code) << Describe(r);
+    ExpectOneLineError(r, std::string("thinfs ") + c.command + ": ", c.needle);
+    EXPECT_TRUE(r.out.empty()) << r.out;
+    EXPECT_EQ(Thinfs({"list", pool, "--json"}).out, before) << c.command << " changed the pool";
+  }
+  EXPECT_EQ(Thinfs({"check", pool}).exit_code, 0);
+}
+
+TEST(CliDeviceTest, StaleControlSocketIsIgnored) {
+  // A daemon killed with -9 leaves control.sock behind with nobody
+  // listening: the commands open the pool directly.
+  TempDir tmp;
+  const std::string pool = tmp.Sub("pool");
+  FormatOrDie(pool);
+  int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string path = pool + "/control.sock";
+  ASSERT_LT(path.size(), sizeof addr.sun_path);
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ::close(fd);  // bound, never listened: connect() is refused
+  CliRun r = Thinfs({"create", pool, "v", "--size", "1M"});
+  EXPECT_EQ(r.exit_code, 0) << Describe(r);
+  r = Thinfs({"status", pool, "--json"});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_EQ(ParseJson(r.out)["devices"].AsUint(), 1u);
+  EXPECT_FALSE(ParseJson(r.out)["mounted"].boolean);
 }
 
 }  // namespace

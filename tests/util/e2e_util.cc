@@ -218,7 +218,11 @@ void E2eTest::TearDown() {
   if (dir_.empty()) return;
   // File systems a test mounted from loop devices (under dir_) go first.
   for (const std::string& inner : MountpointsUnder(dir_ + "/")) {
-    if (inner != mnt_) RunCommand("umount -l " + ShellQuote(inner), std::chrono::seconds(30));
+    if (inner == mnt_) continue;
+    // A test that failed between fsfreeze -f and -u must not leave the
+    // file system frozen (umount -l of a frozen fs never finishes).
+    RunCommand("fsfreeze -u " + ShellQuote(inner) + " 2>/dev/null", std::chrono::seconds(30));
+    RunCommand("umount -l " + ShellQuote(inner), std::chrono::seconds(30));
   }
   // Loop devices keep files in the mount busy: detach them next.
   for (const std::string& loop : loops_) {
@@ -371,6 +375,12 @@ std::string E2eTest::AttachLoop(const std::string& file, bool direct_io) {
   std::string dev = r.output.substr(0, r.output.find('\n'));
   loops_.push_back(dev);
   return dev;
+}
+
+CommandResult E2eTest::Thinfs(const std::vector<std::string>& args, std::chrono::seconds timeout) {
+  std::string cmd = ShellQuote(ThinfsBinary());
+  for (const std::string& a : args) cmd += " " + ShellQuote(a);
+  return RunCommand(cmd, timeout);
 }
 
 uint64_t E2eTest::PoolUsedBlocks() {

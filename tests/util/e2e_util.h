@@ -91,6 +91,10 @@ class E2eTest : public ::testing::Test {
   // losetup over `file`; the device is detached in TearDown.
   std::string AttachLoop(const std::string& file, bool direct_io);
 
+  // `thinfs ARGS...` (each argument quoted), stdout and stderr together.
+  CommandResult Thinfs(const std::vector<std::string>& args,
+                       std::chrono::seconds timeout = std::chrono::seconds(120));
+
   // statvfs of the mount: used pool blocks and block size.
   uint64_t PoolUsedBlocks();
   uint64_t PoolBlockSize();

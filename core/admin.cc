@@ -1,0 +1,604 @@
+#include "core/admin.h"
+
+#include <time.h>
+
+#include <cstdio>
+#include <limits>
+
+#include "core/json.h"
+#include "core/size.h"
+
+namespace thinfs {
+
+namespace {
+
+// The largest device: file offsets are off_t.
+constexpr uint64_t kMaxDeviceSize = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+
+int ExitCodeOf(const Status& s) {
+  return (s.IsInvalidArgument() || s.code() == Status::Code::kNameTooLong) ? kAdminUsage
+                                                                           : kAdminFailure;
+}
+
+AdminReply FromStatus(const Status& s) { return AdminReply::Error(ExitCodeOf(s), s.message()); }
+
+// The arguments each command takes; anything else is a usage error, so a
+// typo in a hand-written request never passes silently.
+struct CommandSpec {
+  const char* name;
+  std::vector<const char*> required;
+};
+const std::vector<CommandSpec>& Specs() {
+  static const std::vector<CommandSpec> kSpecs = {
+      {"create", {"name", "size"}}, {"snapshot", {"source", "name"}},
+      {"delete", {"name"}},         {"resize", {"name", "size"}},
+      {"rename", {"from", "to"}},   {"list", {}},
+      {"status", {}},               {"mountpoint", {}},
+  };
+  return kSpecs;
+}
+
+// Checks the request against its spec; the error reply, or nullopt.
+std::optional<AdminReply> CheckArgs(const AdminRequest& req, const CommandSpec& spec) {
+  for (const auto& [key, value] : req.args) {
+    bool known = key == "json";
+    for (const char* r : spec.required) known = known || key == r;
+    if (!known) {
+      return AdminReply::Error(kAdminUsage,
+                               "command '" + req.command + "' takes no argument '" + key + "'");
+    }
+    size_t n = 0;
+    for (const auto& other : req.args) n += other.first == key;
+    if (n != 1) return AdminReply::Error(kAdminUsage, "argument '" + key + "' given twice");
+  }
+  for (const char* r : spec.required) {
+    if (req.Find(r) == nullptr) {
+      return AdminReply::Error(kAdminUsage,
+                               "command '" + req.command + "' needs argument '" + r + "'");
+    }
+  }
+  const std::string* json = req.Find("json");
+  if (json != nullptr && *json != "0" && *json != "1") {
+    return AdminReply::Error(kAdminUsage, "json must be 0 or 1, not '" + *json + "'");
+  }
+  return std::nullopt;
+}
+
+Result<uint64_t> ParseDeviceSize(const std::string& text) {
+  Result<uint64_t> size = ParseSize(text);
+  if (!size.ok()) return size.status();
+  if (*size > kMaxDeviceSize) {
+    return Status::InvalidArgument("size " + text + " is larger than the largest device (" +
+                                   FormatSize(kMaxDeviceSize) + ")");
+  }
+  return *size;
+}
+
+void DeviceJson(const DeviceInfo& d, const DeviceUsage& u, JsonWriter* j) {
+  j->BeginObject()
+      .Key("name").String(d.name)
+      .Key("id").Uint(d.id.value)
+      .Key("size").Uint(d.size)
+      .Key("mapped_blocks").Uint(u.mapped_blocks)
+      .Key("exclusive_blocks").Uint(u.exclusive_blocks)
+      .Key("shared_blocks").Uint(u.shared_blocks)
+      .Key("parent");
+  if (d.parent_name.empty()) {
+    j->Null();
+  } else {
+    j->String(d.parent_name);
+  }
+  j->Key("created").String(FormatUtcTime(d.created_ns));
+  j->EndObject();
+}
+
+// The device `name` with its usage, as the reply to a change.
+AdminReply DeviceReply(Pool& pool, const std::string& name, const std::string& text) {
+  Result<DeviceInfo> info = pool.GetDevice(name);
+  if (!info.ok()) return FromStatus(info.status());
+  Result<DeviceUsage> usage = pool.ComputeUsage(info->id);
+  if (!usage.ok()) return FromStatus(usage.status());
+  JsonWriter j;
+  DeviceJson(*info, *usage, &j);
+  AdminReply reply;
+  reply.text = text;
+  reply.json = j.str();
+  return reply;
+}
+
+AdminReply ListDevices(Pool& pool) {
+  std::vector<DeviceInfo> devices = pool.ListDevices();
+  JsonWriter j;
+  j.BeginArray();
+  std::string text;
+  char line[512];
+  std::snprintf(line, sizeof line, "%-24s %12s %10s %10s %10s %-24s %s\n", "NAME", "SIZE",
+                "MAPPED", "EXCLUSIVE", "SHARED", "PARENT", "CREATED");
+  text += line;
+  for (const DeviceInfo& d : devices) {
+    Result<DeviceUsage> u = pool.ComputeUsage(d.id);
+    // A device deleted while listing is simply not listed.
+    if (u.status().IsNotFound()) continue;
+    if (!u.ok()) return FromStatus(u.status());
+    DeviceJson(d, *u, &j);
+    std::snprintf(line, sizeof line, "%-24s %12s %10llu %10llu %10llu %-24s %s\n",
+                  d.name.c_str(), FormatSize(d.size).c_str(),
+                  static_cast<unsigned long long>(u->mapped_blocks),
+                  static_cast<unsigned long long>(u->exclusive_blocks),
+                  static_cast<unsigned long long>(u->shared_blocks),
+                  d.parent_name.empty() ? "-" : d.parent_name.c_str(),
+                  FormatUtcTime(d.created_ns).c_str());
+    text += line;
+  }
+  j.EndArray();
+  AdminReply reply;
+  reply.text = text;
+  reply.json = j.str();
+  return reply;
+}
+
+AdminReply PoolStatus(Pool& pool, const AdminContext& ctx) {
+  PoolStats st = pool.Stats();
+  Result<Superblock> sb = pool.store()->ReadSuperblock();
+  if (!sb.ok()) return FromStatus(sb.status());
+  PoolStatusReport r;
+  r.pool = ctx.pool_root;
+  r.uuid = FormatUuidBytes(sb->uuid);
+  r.created_ns = sb->created_ns;
+  r.data_path = ctx.data_path;
+  r.block_size = st.block_size;
+  r.data_blocks = st.data_blocks;
+  r.used_blocks = st.used_blocks;
+  r.free_blocks = st.free_blocks;
+  r.devices = pool.ListDevices().size();
+  r.transaction_id = st.transaction_id;
+  // The engine holds the bitmap open (marked in use) while it runs.
+  r.bitmap_clean = false;
+  r.mountpoint = ctx.mountpoint;
+  r.counters = st;
+  AdminReply reply;
+  reply.text = FormatStatusText(r);
+  reply.json = FormatStatusJson(r);
+  return reply;
+}
+
+std::string Percent(uint64_t part, uint64_t whole) {
+  if (whole == 0) return "0%";
+  auto hundredths =
+      static_cast<uint64_t>(static_cast<unsigned __int128>(part) * 10000 / whole);
+  std::string frac = std::to_string(hundredths % 100);
+  if (frac.size() < 2) frac = "0" + frac;
+  return std::to_string(hundredths / 100) + "." + frac + "%";
+}
+
+AdminReply Dispatch(Pool& pool, const AdminRequest& req, const AdminContext& ctx) {
+  const std::string& cmd = req.command;
+  auto arg = [&](const char* key) -> const std::string& { return *req.Find(key); };
+
+  if (cmd == "list") return ListDevices(pool);
+  if (cmd == "status") return PoolStatus(pool, ctx);
+  if (cmd == "mountpoint") {
+    if (ctx.mountpoint.empty()) return AdminReply::Error(kAdminFailure, "the pool is not mounted");
+    AdminReply reply;
+    reply.text = ctx.mountpoint + "\n";
+    JsonWriter j;
+    j.BeginObject().Key("mountpoint").String(ctx.mountpoint).EndObject();
+    reply.json = j.str();
+    return reply;
+  }
+  if (cmd == "create") {
+    const std::string& name = arg("name");
+    Result<uint64_t> size = ParseDeviceSize(arg("size"));
+    if (!size.ok()) return AdminReply::Error(kAdminUsage, "size: " + size.status().message());
+    Result<VolumeId> id = pool.CreateDevice(name, *size, ctx.create_attrs);
+    if (!id.ok()) return FromStatus(id.status());
+    if (ctx.entry_changed) ctx.entry_changed(name);
+    return DeviceReply(pool, name,
+                       "created device " + name + " (" + FormatSize(*size) + ")\n");
+  }
+  if (cmd == "snapshot") {
+    const std::string& source = arg("source");
+    const std::string& name = arg("name");
+    // The engine checks the name only after finding the source; a bad name
+    // is a usage error whatever the source.
+    Status valid = Pool::ValidateName(name);
+    if (!valid.ok()) return FromStatus(valid);
+    Result<VolumeId> id = pool.CreateSnapshot(source, name);
+    if (!id.ok()) return FromStatus(id.status());
+    if (ctx.entry_changed) ctx.entry_changed(name);
+    return DeviceReply(pool, name, "created snapshot " + name + " of " + source + "\n");
+  }
+  if (cmd == "delete") {
+    const std::string& name = arg("name");
+    Result<DeviceInfo> info = pool.GetDevice(name);
+    if (!info.ok()) return FromStatus(info.status());
+    Status s = ctx.delete_device ? ctx.delete_device(name) : pool.DeleteDevice(name);
+    if (!s.ok()) return FromStatus(s);
+    if (ctx.entry_changed) ctx.entry_changed(name);
+    AdminReply reply;
+    reply.text = "deleted device " + name + "\n";
+    JsonWriter j;
+    j.BeginObject().Key("name").String(name).Key("deleted").Bool(true).EndObject();
+    reply.json = j.str();
+    return reply;
+  }
+  if (cmd == "resize") {
+    const std::string& name = arg("name");
+    Result<uint64_t> size = ParseDeviceSize(arg("size"));
+    if (!size.ok()) return AdminReply::Error(kAdminUsage, "size: " + size.status().message());
+    Result<DeviceInfo> info = pool.GetDevice(name);
+    if (!info.ok()) return FromStatus(info.status());
+    Status s = ctx.resize_device ? ctx.resize_device(info->id, *size)
+                                 : pool.ResizeDevice(info->id, *size);
+    if (!s.ok()) return FromStatus(s);
+    if (ctx.inode_changed) ctx.inode_changed(info->id);
+    return DeviceReply(pool, name,
+                       "resized device " + name + " to " + FormatSize(*size) + "\n");
+  }
+  if (cmd == "rename") {
+    const std::string& from = arg("from");
+    const std::string& to = arg("to");
+    Status valid = Pool::ValidateName(to);
+    if (!valid.ok()) return FromStatus(valid);
+    Status s = pool.RenameDevice(from, to, /*replace=*/false);
+    if (!s.ok()) return FromStatus(s);
+    if (ctx.entry_changed) {
+      ctx.entry_changed(from);
+      ctx.entry_changed(to);
+    }
+    return DeviceReply(pool, to, "renamed device " + from + " to " + to + "\n");
+  }
+  return AdminReply::Error(kAdminUsage, "unknown command '" + cmd + "'");
+}
+
+}  // namespace
+
+const std::string* AdminRequest::Find(std::string_view key) const {
+  for (const auto& [k, v] : args) {
+    if (k == key) return &v;
+  }
+  return nullptr;
+}
+
+AdminReply AdminReply::Error(int exit_code, std::string message) {
+  AdminReply r;
+  r.exit_code = exit_code;
+  r.error = std::move(message);
+  // One line on stderr, whatever the message holds.
+  for (char& c : r.error) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  return r;
+}
+
+AdminReply RunAdmin(Pool& pool, const AdminRequest& request, const AdminContext& context) {
+  const CommandSpec* spec = nullptr;
+  for (const CommandSpec& s : Specs()) {
+    if (request.command == s.name) spec = &s;
+  }
+  if (spec == nullptr) {
+    return AdminReply::Error(kAdminUsage, "unknown command '" + request.command + "'");
+  }
+  if (std::optional<AdminReply> bad = CheckArgs(request, *spec)) return *bad;
+  AdminReply reply;
+  try {
+    reply = Dispatch(pool, request, context);
+  } catch (const std::bad_alloc&) {
+    return AdminReply::Error(kAdminFailure, "out of memory");
+  }
+  const std::string* json = request.Find("json");
+  if (reply.exit_code == kAdminOk && json != nullptr && *json == "1") reply.text.clear();
+  return reply;
+}
+
+// --- Status report ---------------------------------------------------------
+
+std::string FormatUtcTime(int64_t ns) {
+  time_t secs = static_cast<time_t>(ns / 1000000000);
+  struct tm tm {};
+  if (::gmtime_r(&secs, &tm) == nullptr) return std::to_string(ns) + " ns";
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string FormatUuidBytes(const uint8_t (&uuid)[16]) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out.push_back('-');
+    out.push_back(kHex[uuid[i] >> 4]);
+    out.push_back(kHex[uuid[i] & 0xf]);
+  }
+  return out;
+}
+
+std::string FormatStatusText(const PoolStatusReport& r) {
+  const uint64_t data_bytes = r.data_blocks * r.block_size;
+  std::string bitmap;
+  if (!r.mountpoint.empty()) {
+    bitmap = "in use by the mount daemon";
+  } else {
+    bitmap = r.bitmap_clean ? "clean" : "not closed cleanly (may over-report used blocks)";
+  }
+  std::string out;
+  auto line = [&out](const char* label, const std::string& value) {
+    std::string l = label;
+    l.resize(17, ' ');
+    out += l + value + "\n";
+  };
+  line("pool:", r.pool);
+  line("uuid:", r.uuid);
+  line("created:", FormatUtcTime(r.created_ns));
+  line("data:", r.data_path);
+  line("block size:", FormatSize(r.block_size));
+  line("data size:", FormatSize(data_bytes) + " (" + std::to_string(r.data_blocks) + " blocks)");
+  line("used:", std::to_string(r.used_blocks) + " blocks (" +
+                    FormatSize(r.used_blocks * r.block_size) + ", " +
+                    Percent(r.used_blocks, r.data_blocks) + ")");
+  line("free:", std::to_string(r.free_blocks) + " blocks (" +
+                    FormatSize(r.free_blocks * r.block_size) + ")");
+  line("devices:", std::to_string(r.devices));
+  line("transaction id:", std::to_string(r.transaction_id));
+  line("bitmap:", bitmap);
+  if (!r.mountpoint.empty()) line("mounted on:", r.mountpoint);
+  if (r.counters) {
+    const PoolStats& c = *r.counters;
+    line("since mount:", "reads " + std::to_string(c.reads) + ", writes " +
+                             std::to_string(c.writes) + ", provisions " +
+                             std::to_string(c.provisions) + ", cow copies " +
+                             std::to_string(c.cow_copies) + ", discards " +
+                             std::to_string(c.discards) + ", commits " +
+                             std::to_string(c.commits));
+    line("gc backlog:", std::to_string(c.gc_backlog));
+  }
+  return out;
+}
+
+std::string FormatStatusJson(const PoolStatusReport& r) {
+  JsonWriter j;
+  j.BeginObject()
+      .Key("pool").String(r.pool)
+      .Key("uuid").String(r.uuid)
+      .Key("created").String(FormatUtcTime(r.created_ns))
+      .Key("created_ns").Int(r.created_ns)
+      .Key("data_path").String(r.data_path)
+      .Key("data_bytes").Uint(r.data_blocks * r.block_size)
+      .Key("block_size").Uint(r.block_size)
+      .Key("data_blocks").Uint(r.data_blocks)
+      .Key("used_blocks").Uint(r.used_blocks)
+      .Key("free_blocks").Uint(r.free_blocks)
+      .Key("devices").Uint(r.devices)
+      .Key("transaction_id").Uint(r.transaction_id)
+      .Key("bitmap_clean").Bool(r.bitmap_clean)
+      .Key("mounted").Bool(!r.mountpoint.empty())
+      .Key("mountpoint");
+  if (r.mountpoint.empty()) {
+    j.Null();
+  } else {
+    j.String(r.mountpoint);
+  }
+  if (r.counters) {
+    const PoolStats& c = *r.counters;
+    j.Key("counters")
+        .BeginObject()
+        .Key("reads").Uint(c.reads)
+        .Key("writes").Uint(c.writes)
+        .Key("provisions").Uint(c.provisions)
+        .Key("cow_copies").Uint(c.cow_copies)
+        .Key("discards").Uint(c.discards)
+        .Key("commits").Uint(c.commits)
+        .Key("gc_backlog").Uint(c.gc_backlog)
+        .EndObject();
+  }
+  j.EndObject();
+  return j.str();
+}
+
+// --- Wire format -------------------------------------------------------------
+
+namespace {
+
+constexpr std::string_view kVersionLine = "thinfs-admin=1";
+constexpr size_t kMaxKey = 32;
+
+bool ValidKey(std::string_view key) {
+  if (key.empty() || key.size() > kMaxKey) return false;
+  for (char c : key) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '.' ||
+              c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+bool Plain(unsigned char c) { return c >= 0x21 && c <= 0x7e && c != '%'; }
+
+void AppendEscaped(std::string_view value, std::string* out) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  for (char ch : value) {
+    auto c = static_cast<unsigned char>(ch);
+    if (Plain(c)) {
+      out->push_back(ch);
+    } else {
+      out->push_back('%');
+      out->push_back(kHex[c >> 4]);
+      out->push_back(kHex[c & 0xf]);
+    }
+  }
+}
+
+int HexDigit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;  // lower case is not canonical
+}
+
+Result<std::string> Unescape(std::string_view in) {
+  std::string out;
+  out.reserve(in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    auto c = static_cast<unsigned char>(in[i]);
+    if (c != '%') {
+      if (!Plain(c)) return Status::InvalidArgument("unescaped byte in a value");
+      out.push_back(static_cast<char>(c));
+      continue;
+    }
+    if (i + 2 >= in.size()) {
+      return Status::InvalidArgument("truncated escape");
+    }
+    int hi = HexDigit(in[i + 1]);
+    int lo = HexDigit(in[i + 2]);
+    if (hi < 0 || lo < 0) return Status::InvalidArgument("bad escape");
+    auto decoded = static_cast<unsigned char>(hi * 16 + lo);
+    if (Plain(decoded)) return Status::InvalidArgument("needless escape");
+    out.push_back(static_cast<char>(decoded));
+    i += 2;
+  }
+  return out;
+}
+
+void AppendLine(std::string_view key, std::string_view value, std::string* out) {
+  out->append(key);
+  out->push_back('=');
+  AppendEscaped(value, out);
+  out->push_back('\n');
+}
+
+std::string Frame(std::string body) {
+  std::string frame(kAdminFrameHeader, '\0');
+  auto n = static_cast<uint32_t>(body.size());
+  for (size_t i = 0; i < kAdminFrameHeader; ++i) {
+    frame[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  }
+  frame += body;
+  return frame;
+}
+
+// Splits a frame's body into (key, decoded value) lines.
+Result<std::vector<std::pair<std::string, std::string>>> SplitBody(std::string_view frame,
+                                                                   size_t max_frame) {
+  THINFS_ASSIGN_OR_RETURN(size_t body_len,
+                          DecodeAdminFrameHeader(frame.substr(0, kAdminFrameHeader), max_frame));
+  if (frame.size() != kAdminFrameHeader + body_len) {
+    return Status::InvalidArgument("frame length " + std::to_string(frame.size()) +
+                                   " does not match its header (" +
+                                   std::to_string(kAdminFrameHeader + body_len) + ")");
+  }
+  std::string_view body = frame.substr(kAdminFrameHeader);
+  std::vector<std::pair<std::string, std::string>> lines;
+  while (!body.empty()) {
+    size_t nl = body.find('\n');
+    if (nl == std::string_view::npos) return Status::InvalidArgument("unterminated line");
+    std::string_view line = body.substr(0, nl);
+    body.remove_prefix(nl + 1);
+    size_t eq = line.find('=');
+    if (eq == std::string_view::npos) return Status::InvalidArgument("line without '='");
+    std::string_view key = line.substr(0, eq);
+    if (!ValidKey(key)) return Status::InvalidArgument("bad key");
+    THINFS_ASSIGN_OR_RETURN(std::string value, Unescape(line.substr(eq + 1)));
+    lines.emplace_back(std::string(key), std::move(value));
+  }
+  return lines;
+}
+
+}  // namespace
+
+Result<size_t> DecodeAdminFrameHeader(std::string_view header, size_t max_frame) {
+  if (header.size() != kAdminFrameHeader) return Status::InvalidArgument("truncated frame header");
+  uint32_t n = 0;
+  for (size_t i = 0; i < kAdminFrameHeader; ++i) {
+    n |= static_cast<uint32_t>(static_cast<unsigned char>(header[i])) << (8 * i);
+  }
+  if (n > max_frame - kAdminFrameHeader) {
+    return Status::InvalidArgument("message of " + std::to_string(n) + " bytes exceeds the " +
+                                   std::to_string(max_frame) + "-byte limit");
+  }
+  return static_cast<size_t>(n);
+}
+
+Result<std::string> EncodeAdminRequest(const AdminRequest& request) {
+  if (!ValidKey(request.command)) {
+    return Status::InvalidArgument("bad command '" + request.command + "'");
+  }
+  if (request.args.size() > kAdminMaxArgs) return Status::InvalidArgument("too many arguments");
+  std::string body;
+  body.append(kVersionLine).push_back('\n');
+  AppendLine("command", request.command, &body);
+  for (const auto& [key, value] : request.args) {
+    if (!ValidKey(key) || key == "command" || key == "thinfs-admin") {
+      return Status::InvalidArgument("bad argument name '" + key + "'");
+    }
+    AppendLine(key, value, &body);
+  }
+  if (body.size() > kAdminMaxRequestFrame - kAdminFrameHeader) {
+    return Status::InvalidArgument("request too large (" + std::to_string(body.size()) +
+                                   " bytes)");
+  }
+  return Frame(std::move(body));
+}
+
+Result<AdminRequest> DecodeAdminRequest(std::string_view frame) {
+  THINFS_ASSIGN_OR_RETURN(auto lines, SplitBody(frame, kAdminMaxRequestFrame));
+  if (lines.size() < 2 || lines[0].first != "thinfs-admin" || lines[0].second != "1") {
+    return Status::InvalidArgument("not a thinfs-admin version 1 request");
+  }
+  if (lines[1].first != "command" || !ValidKey(lines[1].second)) {
+    return Status::InvalidArgument("request without a valid command");
+  }
+  if (lines.size() - 2 > kAdminMaxArgs) return Status::InvalidArgument("too many arguments");
+  AdminRequest req;
+  req.command = lines[1].second;
+  for (size_t i = 2; i < lines.size(); ++i) {
+    const std::string& key = lines[i].first;
+    if (key == "command" || key == "thinfs-admin" || req.Find(key) != nullptr) {
+      return Status::InvalidArgument("duplicate argument '" + key + "'");
+    }
+    req.args.emplace_back(key, std::move(lines[i].second));
+  }
+  return req;
+}
+
+std::string EncodeAdminReply(const AdminReply& reply) {
+  auto encode = [](const AdminReply& r) {
+    std::string body;
+    body.append(kVersionLine).push_back('\n');
+    int code = (r.exit_code < 0 || r.exit_code > 255) ? kAdminFailure : r.exit_code;
+    AppendLine("exit", std::to_string(code), &body);
+    AppendLine("text", r.text, &body);
+    AppendLine("json", r.json, &body);
+    AppendLine("error", r.error, &body);
+    return body;
+  };
+  std::string body = encode(reply);
+  if (body.size() > kAdminMaxReplyFrame - kAdminFrameHeader) {
+    body = encode(AdminReply::Error(
+        kAdminFailure, "reply too large (" + std::to_string(body.size()) + " bytes)"));
+  }
+  return Frame(std::move(body));
+}
+
+Result<AdminReply> DecodeAdminReply(std::string_view frame) {
+  THINFS_ASSIGN_OR_RETURN(auto lines, SplitBody(frame, kAdminMaxReplyFrame));
+  static const char* const kKeys[] = {"thinfs-admin", "exit", "text", "json", "error"};
+  if (lines.size() != 5) return Status::InvalidArgument("reply must have 5 lines");
+  for (size_t i = 0; i < 5; ++i) {
+    if (lines[i].first != kKeys[i]) {
+      return Status::InvalidArgument(std::string("reply line ") + std::to_string(i + 1) +
+                                     " must be '" + kKeys[i] + "'");
+    }
+  }
+  if (lines[0].second != "1") return Status::InvalidArgument("unknown reply version");
+  const std::string& e = lines[1].second;
+  bool digits = !e.empty() && e.size() <= 3 && (e.size() == 1 || e[0] != '0');
+  for (char c : e) digits = digits && c >= '0' && c <= '9';
+  if (!digits || std::stoi(e) > 255) return Status::InvalidArgument("bad exit code");
+  AdminReply r;
+  r.exit_code = std::stoi(e);
+  r.text = std::move(lines[2].second);
+  r.json = std::move(lines[3].second);
+  r.error = std::move(lines[4].second);
+  return r;
+}
+
+}  // namespace thinfs

@@ -1,0 +1,238 @@
+// Device commands: create, snapshot, delete, resize, rename, list.
+//
+// Each builds an AdminRequest (core/admin.h). When a mount daemon answers
+// on POOL/control.sock the request goes there (the daemon owns the pool
+// while mounted and updates the mount at once); otherwise the command opens
+// the pool itself, runs the same RunAdmin() and closes it.
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/admin.h"
+#include "core/pool.h"
+#include "meta/pool_dir.h"
+#include "tools/cli.h"
+#include "tools/control_client.h"
+
+namespace thinfs::tools {
+
+namespace {
+
+// Where the data lives: the symlink target for `format --data`, else the
+// pool's own file.
+std::string DataPathOf(const meta::PoolPaths& paths) {
+  char buf[4096];
+  ssize_t n = ::readlink(paths.data.c_str(), buf, sizeof buf);
+  if (n > 0 && static_cast<size_t>(n) < sizeof buf) return std::string(buf, static_cast<size_t>(n));
+  return paths.data;
+}
+
+int PrintReply(const CommandLine& cl, const AdminReply& reply, bool json) {
+  if (reply.exit_code != kAdminOk) {
+    return cl.Fail(reply.exit_code == kAdminUsage ? kExitUsage : kExitFailure,
+                   reply.error.empty() ? "failed" : reply.error);
+  }
+  if (json) {
+    std::cout << reply.json << std::endl;
+  } else {
+    std::cout << reply.text << std::flush;
+  }
+  return kExitOk;
+}
+
+// Runs `request` on the pool opened here (no daemon serves it).
+AdminReply RunDirect(const std::string& pool_dir, const AdminRequest& request, bool read_only) {
+  meta::OpenOptions open_options;
+  open_options.read_only = read_only;
+  Result<meta::PoolFiles> files = meta::OpenPoolFiles(pool_dir, open_options);
+  if (!files.ok()) return AdminReply::Error(kAdminFailure, files.status().message());
+  AdminContext ctx;
+  ctx.pool_root = files->paths.root;
+  ctx.data_path = DataPathOf(files->paths);
+  ctx.create_attrs.uid = ::geteuid();
+  ctx.create_attrs.gid = ::getegid();
+
+  PoolOptions options;
+  // Every management change commits itself; nothing else writes here.
+  options.commit_interval = std::chrono::milliseconds(0);
+  options.read_only = read_only;
+  Result<std::unique_ptr<Pool>> pool = Pool::Open(std::move(files->data), std::move(files->bitmap),
+                                                  std::move(files->store), options);
+  if (!pool.ok()) {
+    return AdminReply::Error(kAdminFailure, "cannot open pool " + pool_dir + ": " +
+                                                pool.status().message());
+  }
+  AdminReply reply = RunAdmin(**pool, request, ctx);
+  Status closed = (*pool)->Close();
+  if (!closed.ok() && reply.exit_code == kAdminOk) {
+    return AdminReply::Error(kAdminFailure, "closing pool " + pool_dir + ": " + closed.message());
+  }
+  return reply;
+}
+
+// Through the daemon if one serves the pool, else directly.
+int Execute(const CommandLine& cl, const std::string& pool, AdminRequest request, bool json,
+            bool read_only) {
+  request.args.emplace_back("json", json ? "1" : "0");
+  std::optional<Result<AdminReply>> remote = CallDaemon(pool, request);
+  if (remote) {
+    if (!remote->ok()) return cl.Fail(kExitFailure, remote->status().message());
+    return PrintReply(cl, **remote, json);
+  }
+  return PrintReply(cl, RunDirect(pool, request, read_only), json);
+}
+
+const char* kSizeHelp =
+    "size in bytes; binary suffixes K M G T P (or KiB...), e.g. 10G";
+
+}  // namespace
+
+int RunCreate(const std::vector<std::string>& args) {
+  CommandLine cl("create", "POOL NAME --size SIZE [--json]",
+                 "Creates an empty thin device NAME of SIZE bytes. Nothing is provisioned\n"
+                 "until it is written. Works on a mounted pool too (through its control\n"
+                 "socket); the new file shows in the mount at once.");
+  cl.Positional("POOL", "pool directory");
+  cl.Positional("NAME", "1-128 characters of [A-Za-z0-9._+-], not starting with '.'");
+  cl.AddOptions()
+      ("size", po::value<std::string>()->value_name("SIZE"), kSizeHelp)
+      ("json", po::bool_switch(), "print the new device as JSON");
+  cl.SetEpilog(
+      "Example:\n"
+      "  thinfs create /srv/pool vm1 --size 20G\n"
+      "  thinfs create /srv/pool scratch --size 512M --json\n");
+  if (std::optional<int> code = cl.Parse(args)) return *code;
+  if (!cl.Has("size")) return cl.Fail(kExitUsage, "--size is required (see 'thinfs create --help')");
+  // Parsed here too so that a bad size is reported before the pool is opened.
+  if (!cl.SizeOption("size")) return kExitUsage;
+  AdminRequest req{"create", {{"name", cl.Arg(1)}, {"size", cl.Get<std::string>("size")}}};
+  return Execute(cl, cl.Arg(0), std::move(req), cl.Get<bool>("json"), false);
+}
+
+int RunSnapshot(const std::vector<std::string>& args) {
+  CommandLine cl("snapshot", "POOL SOURCE NAME [--json]",
+                 "Creates NAME, a writable snapshot of device SOURCE, in constant time. The\n"
+                 "two share every block until one of them writes it.\n\n"
+                 "When the pool is mounted, SOURCE is first fsync()ed through the mount,\n"
+                 "so the snapshot holds every write any process completed before the\n"
+                 "command started (including what the kernel still cached). For a file\n"
+                 "system inside the device, freeze it around the snapshot (fsfreeze -f,\n"
+                 "snapshot, fsfreeze -u) to make the snapshot consistent at its level.");
+  cl.Positional("POOL", "pool directory");
+  cl.Positional("SOURCE", "device to snapshot");
+  cl.Positional("NAME", "name of the new snapshot");
+  cl.AddOptions()("json", po::bool_switch(), "print the new snapshot as JSON");
+  cl.SetEpilog(
+      "Example:\n"
+      "  thinfs snapshot /srv/pool vm1 vm1-before-upgrade\n"
+      "  fsfreeze -f /mnt/vm1fs && thinfs snapshot /srv/pool vm1 vm1-daily && fsfreeze -u /mnt/vm1fs\n");
+  if (std::optional<int> code = cl.Parse(args)) return *code;
+  const std::string& pool = cl.Arg(0);
+  const std::string& source = cl.Arg(1);
+  const bool json = cl.Get<bool>("json");
+  AdminRequest req{"snapshot", {{"source", source}, {"name", cl.Arg(2)}}};
+
+  // Mounted: flush what the kernel may still hold for SOURCE (dirty pages of
+  // a writeback-cached or mmapped file) through the mount first. This runs
+  // here, not in the daemon: an fsync issued by the daemon into its own
+  // mount would re-enter the FUSE server from inside a request.
+  std::optional<Result<AdminReply>> where = CallDaemon(pool, AdminRequest{"mountpoint", {}});
+  if (where) {
+    if (!where->ok()) return cl.Fail(kExitFailure, where->status().message());
+    const AdminReply& r = **where;
+    if (r.exit_code != kAdminOk) return PrintReply(cl, r, false);
+    std::string mountpoint = r.text;
+    while (!mountpoint.empty() && mountpoint.back() == '\n') mountpoint.pop_back();
+    // A bad name has no file to flush; the daemon reports it.
+    if (Pool::ValidateName(source).ok()) {
+      const std::string file = mountpoint + "/" + source;
+      int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0 && errno != ENOENT) {
+        return cl.Fail(kExitFailure,
+                       "cannot flush " + file + " before the snapshot: " + std::strerror(errno));
+      }
+      if (fd >= 0) {
+        int rc = ::fsync(fd);
+        int err = errno;
+        ::close(fd);
+        if (rc != 0) {
+          return cl.Fail(kExitFailure, "fsync " + file + " before the snapshot: " +
+                                           std::strerror(err));
+        }
+      }
+    }
+  }
+  return Execute(cl, pool, std::move(req), json, false);
+}
+
+int RunDelete(const std::vector<std::string>& args) {
+  CommandLine cl("delete", "POOL NAME [--json]",
+                 "Deletes device NAME. Its blocks that no other device sees return to the\n"
+                 "pool in the background; snapshots of it keep their data. On a mounted\n"
+                 "pool a device that is still open keeps working until its last close,\n"
+                 "as with unlink(2).");
+  cl.Positional("POOL", "pool directory");
+  cl.Positional("NAME", "device to delete");
+  cl.AddOptions()("json", po::bool_switch(), "print {\"name\": NAME, \"deleted\": true}");
+  cl.SetEpilog("Example:\n  thinfs delete /srv/pool vm1-before-upgrade\n");
+  if (std::optional<int> code = cl.Parse(args)) return *code;
+  AdminRequest req{"delete", {{"name", cl.Arg(1)}}};
+  return Execute(cl, cl.Arg(0), std::move(req), cl.Get<bool>("json"), false);
+}
+
+int RunResize(const std::vector<std::string>& args) {
+  CommandLine cl("resize", "POOL NAME --size SIZE [--json]",
+                 "Sets the size of device NAME. Growing provisions nothing; shrinking\n"
+                 "unmaps what lies beyond the new end (snapshots keep their copy).");
+  cl.Positional("POOL", "pool directory");
+  cl.Positional("NAME", "device to resize");
+  cl.AddOptions()
+      ("size", po::value<std::string>()->value_name("SIZE"), kSizeHelp)
+      ("json", po::bool_switch(), "print the resized device as JSON");
+  cl.SetEpilog("Example:\n  thinfs resize /srv/pool vm1 --size 40G\n");
+  if (std::optional<int> code = cl.Parse(args)) return *code;
+  if (!cl.Has("size")) return cl.Fail(kExitUsage, "--size is required (see 'thinfs resize --help')");
+  if (!cl.SizeOption("size")) return kExitUsage;
+  AdminRequest req{"resize", {{"name", cl.Arg(1)}, {"size", cl.Get<std::string>("size")}}};
+  return Execute(cl, cl.Arg(0), std::move(req), cl.Get<bool>("json"), false);
+}
+
+int RunRename(const std::vector<std::string>& args) {
+  CommandLine cl("rename", "POOL OLD NEW [--json]",
+                 "Renames device OLD to NEW. NEW must not exist.");
+  cl.Positional("POOL", "pool directory");
+  cl.Positional("OLD", "current name");
+  cl.Positional("NEW", "new name");
+  cl.AddOptions()("json", po::bool_switch(), "print the renamed device as JSON");
+  cl.SetEpilog("Example:\n  thinfs rename /srv/pool vm1-daily vm1-2024-05-01\n");
+  if (std::optional<int> code = cl.Parse(args)) return *code;
+  AdminRequest req{"rename", {{"from", cl.Arg(1)}, {"to", cl.Arg(2)}}};
+  return Execute(cl, cl.Arg(0), std::move(req), cl.Get<bool>("json"), false);
+}
+
+int RunList(const std::vector<std::string>& args) {
+  CommandLine cl("list", "POOL [--json]",
+                 "Lists the pool's devices with their size and block usage: MAPPED blocks\n"
+                 "read from the data area, of which EXCLUSIVE are seen by this device only\n"
+                 "(what deleting it would free) and SHARED by another device too.");
+  cl.Positional("POOL", "pool directory");
+  cl.AddOptions()("json", po::bool_switch(), "print a JSON array of objects");
+  cl.SetEpilog(
+      "JSON keys: name, id, size, mapped_blocks, exclusive_blocks, shared_blocks,\n"
+      "parent (name, or null), created (ISO-8601 UTC).\n\n"
+      "Example:\n"
+      "  thinfs list /srv/pool\n"
+      "  thinfs list /srv/pool --json | jq '.[] | select(.parent == \"vm1\")'\n");
+  if (std::optional<int> code = cl.Parse(args)) return *code;
+  AdminRequest req{"list", {}};
+  return Execute(cl, cl.Arg(0), std::move(req), cl.Get<bool>("json"), true);
+}
+
+}  // namespace thinfs::tools
