@@ -95,7 +95,7 @@ struct CommandSpec {
 const CommandSpec kCommands[] = {
     {"format", {"--size", "--block-size", "--data", "--force", "--json", "--help"}},
     {"status", {"--json", "--help"}},
-    {"check", {"--json", "--read-only", "--help"}},
+    {"check", {"--repair", "--json", "--read-only", "--help"}},
 };
 
 // The byte of the bitmap header to damage: inside the checksummed header,
