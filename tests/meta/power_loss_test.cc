@@ -184,6 +184,16 @@ class PowerLossRun {
       uint64_t nsize = Rand(kMaxDeviceBlocks * kBlockSize + 1);
       v.reset();
       Trace("resize " + d + " to " + std::to_string(nsize));
+      if (nsize < size && nsize % kBlockSize != 0) {
+        // Shrinking zeroes the tail of the new last block in place, before
+        // the commit: a cut in that commit may keep the old size with that
+        // tail zeroed (within the device only).
+        Bytes shrunk = bytes;
+        std::fill(shrunk.begin() + static_cast<long>(nsize), shrunk.end(), std::byte{0});
+        std::swap(bytes, shrunk);
+        Dirty(d, nsize / kBlockSize, nsize / kBlockSize + 1);
+        std::swap(bytes, shrunk);
+      }
       if (!Ok(pool().ResizeDevice(d, nsize), "resize")) return;
       bytes.resize(nsize);
     } else if (op < 58) {
