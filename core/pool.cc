@@ -343,6 +343,22 @@ struct Pool::Impl {
     return RefcountLocked(p);
   }
 
+  // The count that decides whether a block may be overwritten in place:
+  // the largest of the uncommitted, committing and committed counts. A
+  // dropped reference, like a free, counts only once its commit is durable:
+  // until then a crash brings it back, and it must still read the block's
+  // old contents (a write in place would show through another device).
+  Result<uint32_t> RefcountForInPlaceWrite(PoolBlock p) {
+    MutexLock l(&refcount_mu);
+    uint32_t n = 0;
+    if (auto it = refcount_active.find(p.value); it != refcount_active.end()) n = it->second;
+    if (auto it = refcount_frozen.find(p.value); it != refcount_frozen.end()) {
+      n = std::max(n, it->second);
+    }
+    THINFS_ASSIGN_OR_RETURN(uint32_t stored, store->GetRefcount(p));
+    return std::max(n, stored);
+  }
+
   // Drops one reference to `p`: decrements a shared block's count, or
   // queues the block to be freed by the next commit.
   // REQUIRES: swap_mu held shared.
@@ -497,7 +513,7 @@ struct Pool::Impl {
     if (own && own->epoch == e && !own->value.tombstone()) {
       bool exclusive = true;
       if (own->value.flags & MapValue::kMaybeShared) {
-        THINFS_ASSIGN_OR_RETURN(uint32_t rc, Refcount(own->value.block));
+        THINFS_ASSIGN_OR_RETURN(uint32_t rc, RefcountForInPlaceWrite(own->value.block));
         exclusive = rc <= 1;
       }
       if (exclusive) {

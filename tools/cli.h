@@ -32,14 +32,15 @@ inline constexpr int kExitFailure = 2;  // the operation failed
 
 // thinfs check, like fsck(8).
 inline constexpr int kCheckClean = 0;
+inline constexpr int kCheckErrorsCorrected = 1;  // check --repair
 inline constexpr int kCheckErrorsLeft = 4;
 inline constexpr int kCheckOperational = 8;
 
 inline constexpr const char* kExitCodesHelp =
     "Exit status: 0 success; 1 usage error (bad option, missing or invalid\n"
     "argument); 2 the operation failed. 'check' exits like fsck: 0 clean,\n"
-    "4 errors left uncorrected, 8 operational error (pool missing, locked or\n"
-    "unreadable), 1 usage error.\n";
+    "1 errors corrected (--repair), 4 errors left uncorrected, 8 operational\n"
+    "error (pool missing, locked or unreadable), 1 usage error.\n";
 
 struct Command {
   const char* name;

@@ -1,18 +1,23 @@
-// thinfs check: verifies that the parts of a pool agree.
+// thinfs check: verifies that the parts of a pool agree, and with --repair
+// fixes what can be fixed (meta/pool_check.h does the work).
 //
 // Unlike OpenPoolFiles, which stops at the first problem, check opens the
 // parts one at a time and keeps going wherever it still can, so that one
-// run reports every problem it can see. Nothing is repaired yet: errors are
-// reported and left (exit 4).
+// run reports every problem it can see. With --repair, a bitmap that cannot
+// be opened (damaged header or checksum) is set aside as bitmap.damaged and
+// rebuilt from the block map.
 
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cstdio>
+#include <filesystem>
 #include <iostream>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "core/size.h"
+#include "meta/pool_check.h"
 #include "meta/pool_dir.h"
 #include "tools/cli.h"
 #include "tools/json.h"
@@ -24,179 +29,185 @@ namespace {
 // Stops listing (not counting) problems past this many of a kind.
 constexpr size_t kMaxListed = 1000;
 
+// What the CLI finds itself (files) plus what CheckPool reports.
 struct Report {
   std::vector<std::string> errors;
   std::vector<std::string> warnings;
+  std::vector<std::string> changes;
+  std::vector<meta::CheckFinding> findings;
   uint64_t error_count = 0;
   uint64_t warning_count = 0;
-  uint64_t devices = 0;
-  uint64_t mappings = 0;
-  uint64_t referenced_blocks = 0;
-  uint64_t refcount_entries = 0;
-  uint64_t leaked_blocks = 0;
+  uint64_t errors_corrected = 0;
+  uint64_t errors_left = 0;
+  meta::CheckReport pool;  // counters
 
   void Error(std::string s) {
+    ++errors_left;
     if (error_count++ < kMaxListed) errors.push_back(std::move(s));
+  }
+  void Corrected(std::string s, std::string change) {
+    ++errors_corrected;
+    if (error_count++ < kMaxListed) errors.push_back(std::move(s));
+    changes.push_back(std::move(change));
   }
   void Warning(std::string s) {
     if (warning_count++ < kMaxListed) warnings.push_back(std::move(s));
   }
 };
 
-// One bit per data block.
-class BlockSet {
+// Progress on stderr, only when it is a terminal.
+class ProgressLine {
  public:
-  explicit BlockSet(uint64_t blocks) : words_((blocks + 63) / 64) {}
-  // Returns true when `b` was not yet in the set.
-  bool Insert(uint64_t b) {
-    uint64_t bit = uint64_t{1} << (b % 64);
-    bool fresh = (words_[b / 64] & bit) == 0;
-    words_[b / 64] |= bit;
-    return fresh;
+  ProgressLine() : tty_(::isatty(2) == 1) {}
+  ~ProgressLine() {
+    if (shown_) std::fprintf(stderr, "\r\033[K");
   }
-  bool Contains(uint64_t b) const { return (words_[b / 64] >> (b % 64)) & 1; }
+  ProgressLine(const ProgressLine&) = delete;
+  ProgressLine& operator=(const ProgressLine&) = delete;
+  void Show(const char* phase, uint64_t done, uint64_t total) {
+    if (!tty_) return;
+    shown_ = true;
+    if (total > 0) {
+      std::fprintf(stderr, "\r\033[Kchecking %s: %llu%%", phase,
+                   static_cast<unsigned long long>(done * 100 / total));
+    } else {
+      std::fprintf(stderr, "\r\033[Kchecking %s: %llu", phase,
+                   static_cast<unsigned long long>(done));
+    }
+    std::fflush(stderr);
+  }
 
  private:
-  std::vector<uint64_t> words_;
+  const bool tty_;
+  bool shown_ = false;
 };
 
-std::string Where(const MapEntry& e) {
-  return "device " + std::to_string(e.device.value) + " block " + std::to_string(e.vblock.value) +
-         " epoch " + std::to_string(e.epoch);
+// Opens the bitmap; with `repair`, replaces one that cannot be opened by
+// a fresh one (rebuilt by CheckPool). Returns null when unusable.
+std::unique_ptr<meta::BitmapSpaceMap> OpenBitmap(const meta::PoolPaths& paths,
+                                                 const Superblock& sb, bool read_only,
+                                                 bool repair, Report* r) {
+  Result<std::unique_ptr<meta::BitmapSpaceMap>> opened =
+      meta::BitmapSpaceMap::Open(paths.bitmap, sb.data_blocks, sb.block_size, read_only);
+  if (opened.ok() && (*opened)->total_blocks() != sb.data_blocks) {
+    opened = Status::Corruption("covers " + std::to_string((*opened)->total_blocks()) +
+                                " blocks, the superblock says " +
+                                std::to_string(sb.data_blocks));
+  }
+  if (opened.ok()) return std::move(*opened);
+  const std::string what = "bitmap " + paths.bitmap + ": " + opened.status().ToString();
+  if (!repair || opened.status().code() == Status::Code::kNotSupported) {
+    r->Error(what);
+    return nullptr;
+  }
+  const std::string aside = paths.bitmap + ".damaged";
+  std::error_code ec;
+  std::filesystem::rename(paths.bitmap, aside, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    r->Error(what + " (cannot set it aside: " + ec.message() + ")");
+    return nullptr;
+  }
+  Result<std::unique_ptr<meta::BitmapSpaceMap>> fresh =
+      meta::BitmapSpaceMap::Create(paths.bitmap, sb.data_blocks, sb.block_size);
+  if (!fresh.ok()) {
+    r->Error(what + " (cannot create a new one: " + fresh.status().ToString() + ")");
+    return nullptr;
+  }
+  r->Corrected(what, "replaced the bitmap by one rebuilt from the block map" +
+                         std::string(ec ? "" : " (the damaged one is kept as " + aside + ")"));
+  return std::move(*fresh);
 }
 
 // Checks everything reachable once the store and superblock are readable.
-void CheckOpenPool(const meta::PoolPaths& paths, const Superblock& sb, meta::RocksDbStore* store,
-                   bool read_only, Report* r) {
-  const uint64_t blocks = sb.data_blocks;
+Status CheckOpenPool(const meta::PoolPaths& paths, const Superblock& sb, meta::RocksDbStore* store,
+                     bool read_only, bool repair, Report* r) {
   const uint64_t need = sb.data_blocks * sb.block_size;
-
   Result<uint64_t> have = meta::DataAreaBytes(paths.data);
   if (!have.ok()) {
     r->Error("data area: " + have.status().message());
   } else if (*have < need) {
     r->Error("data area " + paths.data + " holds " + std::to_string(*have) +
              " bytes, the superblock needs " + std::to_string(need) + " (" +
-             std::to_string(blocks) + " blocks of " + FormatSize(sb.block_size) + ")");
+             std::to_string(sb.data_blocks) + " blocks of " + FormatSize(sb.block_size) + ")");
   }
+  std::unique_ptr<meta::BitmapSpaceMap> bitmap = OpenBitmap(paths, sb, read_only, repair, r);
 
-  std::unique_ptr<meta::BitmapSpaceMap> bitmap;
-  Result<std::unique_ptr<meta::BitmapSpaceMap>> opened =
-      meta::BitmapSpaceMap::Open(paths.bitmap, blocks, sb.block_size, read_only);
-  if (!opened.ok()) {
-    r->Error("bitmap " + paths.bitmap + ": " + opened.status().ToString());
-  } else {
-    bitmap = std::move(*opened);
-    if (bitmap->total_blocks() != blocks) {
-      r->Error("bitmap " + paths.bitmap + " covers " + std::to_string(bitmap->total_blocks()) +
-               " blocks, the superblock says " + std::to_string(blocks));
-      bitmap.reset();
-    } else if (!bitmap->was_clean()) {
-      r->Warning("bitmap was not closed cleanly (generation " +
-                 std::to_string(bitmap->generation()) +
-                 "): it may count leaked blocks as used");
+  ProgressLine progress;
+  meta::CheckOptions options;
+  options.repair = repair;
+  options.max_listed = kMaxListed;
+  options.progress = [&progress](const char* phase, uint64_t done, uint64_t total) {
+    progress.Show(phase, done, total);
+  };
+  THINFS_ASSIGN_OR_RETURN(meta::CheckReport c, meta::CheckPool(store, bitmap.get(), options));
+  for (meta::CheckFinding& f : c.findings) {
+    if (f.severity == meta::CheckFinding::Severity::kError) {
+      if (r->error_count++ < kMaxListed) r->errors.push_back(f.message);
+    } else if (r->warning_count++ < kMaxListed) {
+      r->warnings.push_back(f.message);
     }
   }
+  r->errors_corrected += c.errors_corrected;
+  r->errors_left += c.errors_left;
+  r->changes.insert(r->changes.end(), c.changes.begin(), c.changes.end());
+  r->findings = std::move(c.findings);
+  r->pool = std::move(c);
+  return Status::Ok();
+}
 
-  std::set<uint64_t> device_ids;
-  Result<std::vector<DeviceRecord>> devices = store->LoadDevices();
-  if (!devices.ok()) {
-    r->Error("device table: " + devices.status().ToString());
-  } else {
-    for (const DeviceRecord& d : *devices) device_ids.insert(d.id.value);
-    for (const DeviceRecord& d : *devices) {
-      ++r->devices;
-      const std::string name = "device " + std::to_string(d.id.value);
-      if (d.id.value == 0 || d.id.value >= sb.next_device_id) {
-        r->Error(name + ": id outside [1, next_device_id " + std::to_string(sb.next_device_id) +
-                 ")");
-      }
-      if (d.has_parent && device_ids.count(d.parent.value) == 0) {
-        r->Error(name + ": parent device " + std::to_string(d.parent.value) + " does not exist");
-      }
-    }
-  }
-
-  BlockSet referenced(blocks);
-  std::unique_ptr<MapIterator> it = store->NewMapIterator();
-  for (it->Seek(VolumeId(0), VolumeBlock(0)); it->Valid(); it->Next()) {
-    const MapEntry& e = it->entry();
-    ++r->mappings;
-    if (devices.ok() && device_ids.count(e.device.value) == 0) {
-      r->Error("block map: " + Where(e) + " belongs to no device");
-    }
-    if (e.value.tombstone()) continue;
-    const uint64_t b = e.value.block.value;
-    if (b >= blocks) {
-      r->Error("block map: " + Where(e) + " maps pool block " + std::to_string(b) +
-               " beyond the data area (" + std::to_string(blocks) + " blocks)");
-      continue;
-    }
-    if (referenced.Insert(b)) ++r->referenced_blocks;
-    if (bitmap && !bitmap->IsAllocated(PoolBlock(b))) {
-      r->Error("block map: " + Where(e) + " maps pool block " + std::to_string(b) +
-               ", which the bitmap marks free");
-    }
-  }
-  if (Status s = it->status(); !s.ok()) r->Error("block map: " + s.ToString());
-
-  Result<std::vector<std::pair<PoolBlock, uint32_t>>> refs = store->ListRefcounts();
-  if (!refs.ok()) {
-    r->Error("refcounts: " + refs.status().ToString());
-  } else {
-    for (const auto& [block, count] : *refs) {
-      ++r->refcount_entries;
-      const std::string what = "refcount of pool block " + std::to_string(block.value);
-      if (block.value >= blocks) {
-        r->Error(what + ": beyond the data area (" + std::to_string(blocks) + " blocks)");
-        continue;
-      }
-      if (count < 2) {
-        r->Error(what + " is " + std::to_string(count) +
-                 " (entries exist only for shared blocks, count >= 2)");
-      }
-      if (!referenced.Contains(block.value)) r->Warning(what + ": no mapping references it");
-    }
-  }
-
-  if (bitmap) {
-    // Allocated but unreferenced blocks are leaks (DESIGN.md invariant 6:
-    // allowed after a crash, reclaimed later), not errors.
-    const uint64_t used = bitmap->total_blocks() - bitmap->free_blocks();
-    uint64_t used_and_referenced = 0;
-    for (uint64_t b = 0; b < blocks; ++b) {
-      if (referenced.Contains(b) && bitmap->IsAllocated(PoolBlock(b))) ++used_and_referenced;
-    }
-    if (used > used_and_referenced) {
-      r->leaked_blocks = used - used_and_referenced;
-      r->Warning(std::to_string(r->leaked_blocks) +
-                 " blocks are allocated in the bitmap but mapped by nothing (leaked)");
-    }
-  }
+void FindingJson(JsonWriter& j, const meta::CheckFinding& f) {
+  j.BeginObject()
+      .Key("severity")
+      .String(f.severity == meta::CheckFinding::Severity::kError ? "error" : "warning")
+      .Key("kind")
+      .String(f.kind)
+      .Key("message")
+      .String(f.message);
+  if (f.device) j.Key("device").Uint(*f.device);
+  if (f.vblock) j.Key("vblock").Uint(*f.vblock);
+  if (f.epoch) j.Key("epoch").Uint(*f.epoch);
+  if (f.block) j.Key("block").Uint(*f.block);
+  if (!f.repair.empty()) j.Key("repair").String(f.repair);
+  j.EndObject();
 }
 
 }  // namespace
 
 int RunCheck(const std::vector<std::string>& args) {
-  CommandLine cl("check", "POOL [--json] [--read-only]",
-                 "Verifies a pool: the superblock (magic, version, geometry), the bitmap\n"
-                 "header and checksum, the data area size, and that every block the block\n"
-                 "map references lies inside the data area and is allocated in the bitmap,\n"
-                 "and that refcount entries point inside the data area. Each problem is\n"
-                 "reported on its own line. Nothing is repaired yet.");
+  CommandLine cl("check", "POOL [--repair] [--json] [--read-only]",
+                 "Verifies a pool like thin_check: the superblock (magic, version, geometry),\n"
+                 "the bitmap header and checksum, the data area size, the device table\n"
+                 "(parents exist, ancestry acyclic, parent epochs, names unique), and the\n"
+                 "whole block map: every referenced block inside the data area and\n"
+                 "allocated in the bitmap, reference counts exact, no block named by two\n"
+                 "versions unless counted as shared. Blocks allocated but unreferenced are\n"
+                 "leaks: warnings, reclaimed by --repair. Each problem is reported on its\n"
+                 "own line with the device, vblock, epoch and pool block involved.\n\n"
+                 "With --repair (pool not mounted), like thin_repair: rebuilds the bitmap\n"
+                 "from the block map (reclaiming leaks; a damaged bitmap is kept as\n"
+                 "bitmap.damaged), drops versions no device can read, turns mappings\n"
+                 "outside the data area into holes, sets reference counts to the exact\n"
+                 "values, reports every change and checks again.");
   cl.Positional("POOL", "pool directory");
   cl.AddOptions()
+      ("repair", po::bool_switch(), "fix what can be fixed, reporting each change")
       ("json", po::bool_switch(),
-       "print one JSON object: clean, errors, warnings and counts")
+       "print one JSON object: clean, errors, warnings, findings, changes and counts")
       ("read-only", po::bool_switch(), "open every part of the pool read-only");
   cl.SetEpilog(
-      "Exit status (like fsck): 0 clean; 4 errors left uncorrected; 8 operational\n"
-      "error (pool missing, locked or unreadable); 1 usage error.\n\n"
-      "Example:\n"
-      "  thinfs check /srv/pool --read-only\n");
+      "Exit status (like fsck): 0 clean (leaks are only warnings); 1 errors were\n"
+      "corrected (--repair) and none are left; 4 errors left uncorrected;\n"
+      "8 operational error (pool missing, locked or unreadable). A usage error\n"
+      "also exits 1 and prints a message on stderr.\n"
+      "Progress goes to stderr, only when it is a terminal.\n\n"
+      "Examples:\n"
+      "  thinfs check /srv/pool --read-only\n"
+      "  thinfs check /srv/pool --repair\n");
   if (std::optional<int> code = cl.Parse(args)) return *code;
   const bool json = cl.Get<bool>("json");
   const bool read_only = cl.Get<bool>("read-only");
+  const bool repair = cl.Get<bool>("repair");
+  if (repair && read_only) return cl.Fail(kExitUsage, "--repair and --read-only exclude each other");
   const meta::PoolPaths paths = meta::PoolPaths::For(cl.Arg(0));
 
   struct stat st;
@@ -206,6 +217,7 @@ int RunCheck(const std::vector<std::string>& args) {
   if (!S_ISDIR(st.st_mode) || !meta::LooksLikePool(paths.root)) {
     return cl.Fail(kCheckOperational, paths.root + " is not a thinfs pool (no meta/ or bitmap)");
   }
+  // The lock also proves the pool is not mounted (the daemon holds it).
   Result<meta::PoolLock> lock = meta::PoolLock::Acquire(paths.lock);
   if (!lock.ok()) return cl.Fail(kCheckOperational, lock.status().message());
 
@@ -229,27 +241,40 @@ int RunCheck(const std::vector<std::string>& args) {
     }
     if (!valid.ok()) {
       r.Error("superblock: " + valid.ToString());
-    } else {
-      CheckOpenPool(paths, *sb, store->get(), read_only, &r);
+    } else if (Status s = CheckOpenPool(paths, *sb, store->get(), read_only, repair, &r);
+               !s.ok()) {
+      return cl.Fail(kCheckOperational, (repair ? "repair: " : "check: ") + s.ToString());
     }
   }
 
-  const bool clean = r.error_count == 0;
+  const bool clean = r.errors_left == 0;
+  const meta::CheckReport& c = r.pool;
   if (json) {
     JsonWriter j;
     j.BeginObject().Key("pool").String(paths.root).Key("clean").Bool(clean);
+    j.Key("repair").Bool(repair);
     j.Key("errors").BeginArray();
     for (const std::string& e : r.errors) j.String(e);
     j.EndArray().Key("warnings").BeginArray();
     for (const std::string& w : r.warnings) j.String(w);
+    j.EndArray().Key("findings").BeginArray();
+    for (const meta::CheckFinding& f : r.findings) FindingJson(j, f);
+    j.EndArray().Key("changes").BeginArray();
+    for (const std::string& ch : r.changes) j.String(ch);
+    j.EndArray().Key("remaining").BeginArray();
+    for (const meta::CheckFinding& f : c.remaining) FindingJson(j, f);
     j.EndArray()
         .Key("error_count").Uint(r.error_count)
         .Key("warning_count").Uint(r.warning_count)
-        .Key("devices").Uint(r.devices)
-        .Key("mappings").Uint(r.mappings)
-        .Key("referenced_blocks").Uint(r.referenced_blocks)
-        .Key("refcount_entries").Uint(r.refcount_entries)
-        .Key("leaked_blocks").Uint(r.leaked_blocks)
+        .Key("errors_corrected").Uint(r.errors_corrected)
+        .Key("errors_left").Uint(r.errors_left)
+        .Key("devices").Uint(c.devices)
+        .Key("mappings").Uint(c.mappings)
+        .Key("referenced_blocks").Uint(c.referenced_blocks)
+        .Key("shared_blocks").Uint(c.shared_blocks)
+        .Key("refcount_entries").Uint(c.refcount_entries)
+        .Key("leaked_blocks").Uint(c.leaked_blocks)
+        .Key("reclaimed_blocks").Uint(c.reclaimed_blocks)
         .EndObject();
     std::cout << j.str() << std::endl;
   } else {
@@ -261,13 +286,23 @@ int RunCheck(const std::vector<std::string>& args) {
     if (r.warning_count > r.warnings.size()) {
       std::cout << "warning: ... and " << r.warning_count - r.warnings.size() << " more\n";
     }
-    std::cout << paths.root << ": " << r.devices << " devices, " << r.mappings << " mappings, "
-              << r.referenced_blocks << " referenced blocks, " << r.refcount_entries
-              << " refcount entries: "
-              << (clean ? "clean" : std::to_string(r.error_count) + " errors left uncorrected")
-              << std::endl;
+    for (const std::string& ch : r.changes) std::cout << "repaired: " << ch << "\n";
+    for (const meta::CheckFinding& f : c.remaining) std::cout << "left: " << f.message << "\n";
+    std::string verdict;
+    if (!clean) {
+      verdict = std::to_string(r.errors_left) + " errors left uncorrected";
+      if (r.errors_corrected > 0) verdict += ", " + std::to_string(r.errors_corrected) + " corrected";
+    } else if (r.errors_corrected > 0) {
+      verdict = std::to_string(r.errors_corrected) + " errors corrected, now clean";
+    } else {
+      verdict = "clean";
+    }
+    std::cout << paths.root << ": " << c.devices << " devices, " << c.mappings << " mappings, "
+              << c.referenced_blocks << " referenced blocks, " << c.refcount_entries
+              << " refcount entries: " << verdict << std::endl;
   }
-  return clean ? kCheckClean : kCheckErrorsLeft;
+  if (!clean) return kCheckErrorsLeft;
+  return r.errors_corrected > 0 ? kCheckErrorsCorrected : kCheckClean;
 }
 
 }  // namespace thinfs::tools

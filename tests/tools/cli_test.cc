@@ -98,7 +98,7 @@ struct CommandSpec {
 const CommandSpec kCommands[] = {
     {"format", {"--size", "--block-size", "--data", "--force", "--json", "--help"}},
     {"status", {"--json", "--help"}},
-    {"check", {"--json", "--read-only", "--help"}},
+    {"check", {"--repair", "--json", "--read-only", "--help"}},
     {"create", {"--size", "--json", "--help", "Example"}},
     {"snapshot", {"--json", "--help", "Example", "fsync"}},
     {"delete", {"--json", "--help", "Example"}},

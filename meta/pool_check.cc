@@ -1,0 +1,566 @@
+#include "meta/pool_check.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <set>
+#include <unordered_map>
+#include <utility>
+
+#include "core/pool.h"
+#include "meta/pool_dir.h"
+
+namespace thinfs::meta {
+
+namespace {
+
+// Finding kinds (stable identifiers, part of the --json output):
+//   superblock-invalid, superblock-unreadable, space-map-geometry,
+//   device-table-unreadable, device-id-out-of-range, device-unknown-flags,
+//   device-parent-missing, device-parent-epoch, device-reads-deleting-parent,
+//   device-ancestry-cycle, device-bad-name, device-duplicate-name,
+//   device-flags-inconsistent (warning), hidden-device-without-children
+//   (warning), device-deleting (warning),
+//   block-map-unreadable, mapping-without-device, mapping-future-epoch,
+//   mapping-outside-data-area, block-not-allocated,
+//   refcount-table-unreadable, refcount-outside-data-area, refcount-stale,
+//   refcount-wrong, block-double-mapped, shared-version-not-flagged,
+//   leaked-blocks (warning), space-map-unclean (warning).
+
+using Severity = CheckFinding::Severity;
+
+constexpr uint32_t kKnownDeviceFlags = DeviceRecord::kHidden | DeviceRecord::kDeleting |
+                                       DeviceRecord::kGcPending | DeviceRecord::kDetached;
+constexpr uint64_t kProgressEvery = 1 << 16;
+// Versions named in one double-mapping finding.
+constexpr size_t kMaxLocations = 4;
+// Leaked block numbers named in the leak warning.
+constexpr size_t kMaxLeaksNamed = 16;
+
+std::string Str(uint64_t v) { return std::to_string(v); }
+
+std::string Where(const MapEntry& e) {
+  return "device " + Str(e.device.value) + " vblock " + Str(e.vblock.value) + " epoch " +
+         Str(e.epoch);
+}
+
+CheckFinding AtEntry(Severity sev, const char* kind, const MapEntry& e, std::string message) {
+  CheckFinding f;
+  f.severity = sev;
+  f.kind = kind;
+  f.message = std::move(message);
+  f.device = e.device.value;
+  f.vblock = e.vblock.value;
+  f.epoch = e.epoch;
+  if (!e.value.tombstone()) f.block = e.value.block.value;
+  return f;
+}
+
+CheckFinding AtDevice(Severity sev, const char* kind, uint64_t device, std::string message) {
+  CheckFinding f;
+  f.severity = sev;
+  f.kind = kind;
+  f.message = std::move(message);
+  f.device = device;
+  return f;
+}
+
+CheckFinding AtBlock(Severity sev, const char* kind, uint64_t block, std::string message) {
+  CheckFinding f;
+  f.severity = sev;
+  f.kind = kind;
+  f.message = std::move(message);
+  f.block = block;
+  return f;
+}
+
+CheckFinding Plain(Severity sev, const char* kind, std::string message) {
+  CheckFinding f;
+  f.severity = sev;
+  f.kind = kind;
+  f.message = std::move(message);
+  return f;
+}
+
+bool Visible(const DeviceRecord& d) {
+  return (d.flags & (DeviceRecord::kHidden | DeviceRecord::kDeleting | DeviceRecord::kDetached)) ==
+         0;
+}
+
+std::string DeviceName(const DeviceRecord& d) {
+  std::string s = "device " + Str(d.id.value);
+  if (!d.name.empty()) s += " '" + d.name + "'";
+  return s;
+}
+
+class Checker {
+ public:
+  Checker(MetadataStore* store, SpaceMap* space, const CheckOptions& options, bool repair,
+          CheckReport* report)
+      : store_(store), space_(space), options_(options), repair_(repair), r_(report) {}
+
+  // Runs the verification; with repair_, also collects and applies fixes.
+  Status Run() {
+    Result<Superblock> sb = store_->ReadSuperblock();
+    if (!sb.ok()) {
+      if (!sb.status().IsCorruption()) return sb.status();
+      Add(Plain(Severity::kError, "superblock-unreadable", "superblock: " + sb.status().ToString()));
+      return Status::Ok();
+    }
+    sb_ = *sb;
+    if (Status v = ValidateSuperblock(sb_); !v.ok()) {
+      Add(Plain(Severity::kError, "superblock-invalid", "superblock: " + v.ToString()));
+      return Status::Ok();
+    }
+    blocks_ = sb_.data_blocks;
+    if (space_ != nullptr && space_->total_blocks() != blocks_) {
+      Add(Plain(Severity::kError, "space-map-geometry",
+                "space map covers " + Str(space_->total_blocks()) +
+                    " blocks, the superblock says " + Str(blocks_)));
+      space_ = nullptr;
+    }
+    THINFS_RETURN_IF_ERROR(CheckDevices());
+    refs_.assign(blocks_, 0);
+    THINFS_RETURN_IF_ERROR(ScanMap());
+    THINFS_RETURN_IF_ERROR(CheckRefcounts());
+    CheckSpaceMap();
+    if (repair_) THINFS_RETURN_IF_ERROR(Apply());
+    return Status::Ok();
+  }
+
+ private:
+  void Add(CheckFinding f) {
+    if (f.severity == Severity::kError) {
+      ++r_->error_count;
+      if (repair_ && !f.repair.empty()) ++r_->errors_corrected;
+      if (r_->error_count > options_.max_listed) return;
+    } else {
+      ++r_->warning_count;
+      if (r_->warning_count > options_.max_listed) return;
+    }
+    r_->findings.push_back(std::move(f));
+  }
+
+  // `repair` describes the fix when repairing; returns it for the finding.
+  std::string Fix(std::string what) {
+    if (!repair_) return "";
+    if (r_->changes.size() < options_.max_listed) r_->changes.push_back(what);
+    return what;
+  }
+
+  void Progress(const char* phase, uint64_t done, uint64_t total) {
+    if (options_.progress) options_.progress(phase, done, total);
+  }
+
+  // ---- Device table ------------------------------------------------------
+  Status CheckDevices() {
+    Result<std::vector<DeviceRecord>> recs = store_->LoadDevices();
+    if (!recs.ok()) {
+      if (!recs.status().IsCorruption()) return recs.status();
+      Add(Plain(Severity::kError, "device-table-unreadable",
+                "device table: " + recs.status().ToString()));
+      return Status::Ok();
+    }
+    devices_ok_ = true;
+    for (const DeviceRecord& d : *recs) devices_[d.id.value] = d;
+    r_->devices = devices_.size();
+    uint64_t max_id = 0;
+    std::map<std::string, uint64_t> names;
+    for (const auto& [id, d] : devices_) {
+      const std::string who = DeviceName(d);
+      max_id = std::max(max_id, id);
+      if (id == 0 || id >= sb_.next_device_id) {
+        CheckFinding f = AtDevice(Severity::kError, "device-id-out-of-range", id,
+                                  who + ": id outside [1, next_device_id " +
+                                      Str(sb_.next_device_id) + ")");
+        if (id != 0) {
+          f.repair = Fix("raised the superblock's next_device_id past device " + Str(id));
+          if (!f.repair.empty()) fix_next_device_id_ = true;
+        }
+        Add(std::move(f));
+      }
+      if (d.flags & ~kKnownDeviceFlags) {
+        Add(AtDevice(Severity::kError, "device-unknown-flags", id,
+                     who + ": unknown flags 0x" + Hex(d.flags & ~kKnownDeviceFlags)));
+      }
+      if (d.has_parent) {
+        auto p = devices_.find(d.parent.value);
+        if (p == devices_.end()) {
+          Add(AtDevice(Severity::kError, "device-parent-missing", id,
+                       who + ": parent device " + Str(d.parent.value) + " does not exist"));
+        } else {
+          if (d.parent_epoch >= p->second.epoch) {
+            Add(AtDevice(Severity::kError, "device-parent-epoch", id,
+                         who + ": reads parent " + Str(d.parent.value) + " at epoch " +
+                             Str(d.parent_epoch) + ", not below the parent's epoch " +
+                             Str(p->second.epoch)));
+          }
+          if ((p->second.flags & DeviceRecord::kDeleting) &&
+              !(d.flags & DeviceRecord::kDeleting)) {
+            Add(AtDevice(Severity::kError, "device-reads-deleting-parent", id,
+                         who + ": reads through parent " + Str(d.parent.value) +
+                             ", which is being deleted"));
+          }
+        }
+        // A cycle through this device: walking up returns to it.
+        uint64_t steps = 0;
+        for (auto a = devices_.find(d.parent.value); a != devices_.end() && a->second.has_parent;
+             a = devices_.find(a->second.parent.value)) {
+          if (a->first == id) {
+            Add(AtDevice(Severity::kError, "device-ancestry-cycle", id,
+                         who + ": its ancestry loops back to itself"));
+            break;
+          }
+          if (++steps > devices_.size()) break;  // a cycle above, reported there
+        }
+      }
+      if (Visible(d)) {
+        if (Status v = Pool::ValidateName(d.name); !v.ok()) {
+          Add(AtDevice(Severity::kError, "device-bad-name", id, who + ": " + v.message()));
+        } else if (auto [it, fresh] = names.emplace(d.name, id); !fresh) {
+          Add(AtDevice(Severity::kError, "device-duplicate-name", id,
+                       who + ": name also used by device " + Str(it->second)));
+        }
+      }
+      if ((d.flags & DeviceRecord::kDetached) &&
+          (d.flags & (DeviceRecord::kHidden | DeviceRecord::kDeleting))) {
+        Add(AtDevice(Severity::kWarning, "device-flags-inconsistent", id,
+                     who + ": detached and deleted at once"));
+      }
+      if ((d.flags & DeviceRecord::kHidden) && !(d.flags & DeviceRecord::kDeleting)) {
+        bool has_child = false;
+        for (const auto& [cid, c] : devices_) {
+          if (c.has_parent && c.parent.value == id && !(c.flags & DeviceRecord::kDeleting)) {
+            has_child = true;
+            break;
+          }
+        }
+        if (!has_child) {
+          CheckFinding f = AtDevice(Severity::kWarning, "hidden-device-without-children", id,
+                                    who + ": deleted and hidden, but no device reads through it "
+                                          "(its blocks are never collected)");
+          f.repair = Fix("marked device " + Str(id) + " for collection");
+          if (!f.repair.empty()) {
+            DeviceRecord nd = d;
+            nd.flags |= DeviceRecord::kDeleting;
+            nd.flags &= ~DeviceRecord::kGcPending;
+            fix_.put_devices.push_back(nd);
+          }
+          Add(std::move(f));
+        }
+      }
+    }
+    if (fix_next_device_id_) next_device_id_ = max_id + 1;
+    return Status::Ok();
+  }
+
+  static std::string Hex(uint64_t v) {
+    static const char* digits = "0123456789abcdef";
+    std::string s;
+    do {
+      s.insert(s.begin(), digits[v & 15]);
+      v >>= 4;
+    } while (v != 0);
+    return s;
+  }
+
+  // ---- Block map -----------------------------------------------------------
+  // What happens to an entry: kept (counted), dropped or replaced.
+  enum class Fate { kKeep, kDrop, kTombstone };
+
+  // Classifies `e`, reporting problems (first pass only: `report`).
+  Fate Classify(const MapEntry& e, bool report) {
+    const DeviceRecord* dev = nullptr;
+    if (devices_ok_) {
+      auto d = devices_.find(e.device.value);
+      if (d == devices_.end()) {
+        if (report) {
+          CheckFinding f = AtEntry(Severity::kError, "mapping-without-device", e,
+                                   "block map: " + Where(e) + " belongs to no device");
+          f.repair = Fix("dropped the version " + Where(e) + " of a missing device");
+          Add(std::move(f));
+        }
+        return repair_ ? Fate::kDrop : Fate::kKeep;
+      }
+      dev = &d->second;
+      if (e.epoch > dev->epoch) {
+        if (report) {
+          CheckFinding f = AtEntry(Severity::kError, "mapping-future-epoch", e,
+                                   "block map: " + Where(e) + " is newer than the device's epoch " +
+                                       Str(dev->epoch));
+          f.repair = Fix("dropped the unreachable version " + Where(e));
+          Add(std::move(f));
+        }
+        return repair_ ? Fate::kDrop : Fate::kKeep;
+      }
+    }
+    if (e.value.tombstone()) return Fate::kKeep;
+    if (e.value.block.value >= blocks_) {
+      if (report) {
+        CheckFinding f = AtEntry(Severity::kError, "mapping-outside-data-area", e,
+                                 "block map: " + Where(e) + " maps pool block " +
+                                     Str(e.value.block.value) + " beyond the data area (" +
+                                     Str(blocks_) + " blocks)");
+        f.repair = Fix("replaced the version " + Where(e) + " -> block " +
+                       Str(e.value.block.value) + " (outside the data area) by a tombstone: "
+                       "the block reads zeros");
+        Add(std::move(f));
+      }
+      return repair_ ? Fate::kTombstone : Fate::kDrop;
+    }
+    return Fate::kKeep;
+  }
+
+  Status ScanMap() {
+    std::map<uint64_t, uint64_t> deleting_versions;
+    std::unique_ptr<MapIterator> it = store_->NewMapIterator();
+    uint64_t n = 0;
+    for (it->Seek(VolumeId(0), VolumeBlock(0)); it->Valid(); it->Next()) {
+      const MapEntry& e = it->entry();
+      ++r_->mappings;
+      if (++n % kProgressEvery == 0) Progress("block map", n, 0);
+      Fate fate = Classify(e, /*report=*/true);
+      if (fate == Fate::kDrop || fate == Fate::kTombstone) {
+        if (repair_) {
+          if (fate == Fate::kDrop) {
+            fix_.delete_mappings.push_back({e.device, e.vblock, e.epoch});
+          } else {
+            fix_.put_mappings.push_back(
+                MapEntry{e.device, e.vblock, e.epoch, MapValue{PoolBlock(), MapValue::kTombstone}});
+          }
+          mappings_changed_ = true;
+        }
+        continue;
+      }
+      auto d = devices_.find(e.device.value);
+      if (d != devices_.end() && (d->second.flags & DeviceRecord::kDeleting)) {
+        deleting_versions[e.device.value]++;
+      }
+      if (e.value.tombstone()) continue;
+      const uint64_t b = e.value.block.value;
+      if (refs_[b] == 0) ++r_->referenced_blocks;
+      if (refs_[b] == 1) ++r_->shared_blocks;
+      if (refs_[b] < std::numeric_limits<uint32_t>::max()) refs_[b]++;
+      if (space_ != nullptr && !space_->IsAllocated(PoolBlock(b))) {
+        CheckFinding f = AtEntry(Severity::kError, "block-not-allocated", e,
+                                 "block map: " + Where(e) + " maps pool block " + Str(b) +
+                                     ", which the space map marks free");
+        f.repair = Fix("marked pool block " + Str(b) + " allocated (space map rebuilt)");
+        Add(std::move(f));
+        rebuild_ = true;
+      }
+    }
+    if (Status s = it->status(); !s.ok()) {
+      if (!s.IsCorruption()) return s;
+      Add(Plain(Severity::kError, "block-map-unreadable", "block map: " + s.ToString()));
+      map_complete_ = false;
+    }
+    for (const auto& [id, count] : deleting_versions) {
+      Add(AtDevice(Severity::kWarning, "device-deleting", id,
+                   "device " + Str(id) + " is being deleted: " + Str(count) +
+                       " versions await the collector"));
+    }
+    return Status::Ok();
+  }
+
+  // ---- Reference counts ----------------------------------------------------
+  Status CheckRefcounts() {
+    Result<std::vector<std::pair<PoolBlock, uint32_t>>> stored = store_->ListRefcounts();
+    if (!stored.ok()) {
+      if (!stored.status().IsCorruption()) return stored.status();
+      Add(Plain(Severity::kError, "refcount-table-unreadable",
+                "refcounts: " + stored.status().ToString()));
+      return Status::Ok();
+    }
+    std::unordered_map<uint64_t, uint32_t> have;
+    for (const auto& [block, count] : *stored) {
+      ++r_->refcount_entries;
+      const uint64_t b = block.value;
+      const std::string what = "refcount of pool block " + Str(b);
+      if (b >= blocks_) {
+        CheckFinding f = AtBlock(Severity::kError, "refcount-outside-data-area", b,
+                                 what + ": beyond the data area (" + Str(blocks_) + " blocks)");
+        f.repair = Fix("dropped the " + what + " (outside the data area)");
+        if (!f.repair.empty()) fix_.refcounts.emplace_back(block, 0);
+        Add(std::move(f));
+        continue;
+      }
+      have[b] = count;
+      if (!map_complete_) continue;  // the true counts are unknown
+      if (refs_[b] < 2) {
+        CheckFinding f = AtBlock(Severity::kError, "refcount-stale", b,
+                                 what + " is " + Str(count) + " but " + Str(refs_[b]) +
+                                     " version(s) name the block (entries exist only for "
+                                     "blocks named by two or more)");
+        f.repair = Fix("dropped the " + what + " (was " + Str(count) + ", " + Str(refs_[b]) +
+                       " reference(s))");
+        if (!f.repair.empty()) fix_.refcounts.emplace_back(block, 0);
+        Add(std::move(f));
+      } else if (count != refs_[b]) {
+        CheckFinding f = AtBlock(Severity::kError, "refcount-wrong", b,
+                                 what + " is " + Str(count) + " but " + Str(refs_[b]) +
+                                     " versions name the block");
+        f.repair = Fix("set the " + what + " from " + Str(count) + " to " + Str(refs_[b]));
+        if (!f.repair.empty()) fix_.refcounts.emplace_back(block, refs_[b]);
+        Add(std::move(f));
+      }
+    }
+    if (!map_complete_ || r_->shared_blocks == 0) return Status::Ok();
+
+    // Second pass over the versions of shared blocks: where the uncounted
+    // ones are, and whether in-place writes are fenced off.
+    std::map<uint64_t, std::vector<std::string>> uncounted;
+    for (uint64_t b = 0; b < blocks_; ++b) {
+      if (refs_[b] >= 2 && !have.count(b)) uncounted[b];
+    }
+    std::unique_ptr<MapIterator> it = store_->NewMapIterator();
+    for (it->Seek(VolumeId(0), VolumeBlock(0)); it->Valid(); it->Next()) {
+      const MapEntry& e = it->entry();
+      if (Classify(e, /*report=*/false) != Fate::kKeep || e.value.tombstone()) continue;
+      const uint64_t b = e.value.block.value;
+      if (refs_[b] < 2) continue;
+      auto u = uncounted.find(b);
+      if (u != uncounted.end() && u->second.size() < kMaxLocations) u->second.push_back(Where(e));
+      auto d = devices_.find(e.device.value);
+      if (d != devices_.end() && e.epoch == d->second.epoch &&
+          !(d->second.flags & DeviceRecord::kDeleting) &&
+          !(e.value.flags & MapValue::kMaybeShared)) {
+        CheckFinding f = AtEntry(Severity::kError, "shared-version-not-flagged", e,
+                                 "block map: " + Where(e) + " maps pool block " + Str(b) +
+                                     ", which " + Str(refs_[b]) +
+                                     " versions name, without the maybe-shared flag (a write "
+                                     "would change the block in place for all of them)");
+        f.repair = Fix("flagged the version " + Where(e) + " maybe-shared");
+        if (!f.repair.empty()) {
+          MapEntry flagged = e;
+          flagged.value.flags |= MapValue::kMaybeShared;
+          fix_.put_mappings.push_back(flagged);
+        }
+        Add(std::move(f));
+      }
+    }
+    if (Status s = it->status(); !s.ok()) return s;  // read fine the first time
+    for (const auto& [b, where] : uncounted) {
+      std::string list;
+      for (const std::string& w : where) list += (list.empty() ? "" : "; ") + w;
+      if (refs_[b] > where.size()) list += "; ...";
+      CheckFinding f = AtBlock(Severity::kError, "block-double-mapped", b,
+                               "pool block " + Str(b) + " is named by " + Str(refs_[b]) +
+                                   " versions (" + list +
+                                   ") but has no refcount entry: a write through one would "
+                                   "change or free it under the others");
+      f.repair = Fix("set the refcount of pool block " + Str(b) + " to " + Str(refs_[b]) +
+                     " (the versions now share it copy-on-write)");
+      if (!f.repair.empty()) fix_.refcounts.emplace_back(PoolBlock(b), refs_[b]);
+      Add(std::move(f));
+    }
+    return Status::Ok();
+  }
+
+  // ---- Space map -----------------------------------------------------------
+  void CheckSpaceMap() {
+    if (space_ == nullptr || !map_complete_) return;
+    if (!space_->was_clean()) {
+      Add(Plain(Severity::kWarning, "space-map-unclean",
+                "space map was not closed cleanly: it may count leaked blocks as used"));
+      if (repair_) rebuild_ = true;
+    }
+    std::string named;
+    size_t n_named = 0;
+    for (uint64_t b = 0; b < blocks_; ++b) {
+      if (b % (kProgressEvery * 16) == 0) Progress("space map", b, blocks_);
+      if (refs_[b] == 0 && space_->IsAllocated(PoolBlock(b))) {
+        ++r_->leaked_blocks;
+        if (n_named++ < kMaxLeaksNamed) named += (named.empty() ? "" : " ") + Str(b);
+      }
+    }
+    if (r_->leaked_blocks == 0) return;
+    if (r_->leaked_blocks > kMaxLeaksNamed) named += " ...";
+    CheckFinding f = Plain(Severity::kWarning, "leaked-blocks",
+                           Str(r_->leaked_blocks) +
+                               " blocks are allocated in the space map but named by no version "
+                               "(leaked, reclaimable): " + named);
+    f.repair = Fix("reclaimed " + Str(r_->leaked_blocks) + " leaked blocks (space map rebuilt)");
+    if (repair_) {
+      rebuild_ = true;
+      r_->reclaimed_blocks = r_->leaked_blocks;
+    }
+    Add(std::move(f));
+  }
+
+  // ---- Repair --------------------------------------------------------------
+  Status Apply() {
+    uint64_t tid = sb_.transaction_id;
+    if (!fix_.empty() || fix_next_device_id_) {
+      Superblock sb = sb_;
+      sb.transaction_id++;
+      if (fix_next_device_id_) sb.next_device_id = std::max(sb.next_device_id, next_device_id_);
+      fix_.superblock = sb;
+      THINFS_RETURN_IF_ERROR(store_->Commit(fix_, /*sync=*/true));
+      tid = sb.transaction_id;
+    }
+    if (space_ == nullptr || !map_complete_ || !(rebuild_ || mappings_changed_)) {
+      return Status::Ok();
+    }
+    // Rebuild from the repaired block map: exactly the named blocks.
+    THINFS_RETURN_IF_ERROR(space_->MarkDirty());
+    space_->ClearAllForRebuild();
+    std::unique_ptr<MapIterator> it = store_->NewMapIterator();
+    uint64_t n = 0;
+    for (it->Seek(VolumeId(0), VolumeBlock(0)); it->Valid(); it->Next()) {
+      const MapEntry& e = it->entry();
+      if (++n % kProgressEvery == 0) Progress("rebuild space map", n, r_->mappings);
+      if (e.value.tombstone() || e.value.block.value >= blocks_) continue;
+      space_->MarkUsed(e.value.block);
+    }
+    THINFS_RETURN_IF_ERROR(it->status());
+    THINFS_RETURN_IF_ERROR(space_->Sync(tid));
+    return space_->MarkClean(tid);
+  }
+
+  MetadataStore* const store_;
+  SpaceMap* space_;
+  const CheckOptions& options_;
+  const bool repair_;
+  CheckReport* const r_;
+
+  Superblock sb_;
+  uint64_t blocks_ = 0;
+  bool devices_ok_ = false;
+  std::map<uint64_t, DeviceRecord> devices_;
+  bool map_complete_ = true;
+  // Versions naming each data block (saturating), after repair's drops.
+  std::vector<uint32_t> refs_;
+
+  MetaBatch fix_;
+  bool fix_next_device_id_ = false;
+  uint64_t next_device_id_ = 0;
+  bool mappings_changed_ = false;
+  bool rebuild_ = false;
+};
+
+}  // namespace
+
+Result<CheckReport> CheckPool(MetadataStore* store, SpaceMap* space, const CheckOptions& options) {
+  CheckReport report;
+  {
+    Checker c(store, space, options, options.repair, &report);
+    THINFS_RETURN_IF_ERROR(c.Run());
+  }
+  if (!options.repair) {
+    report.errors_left = report.error_count;
+    return report;
+  }
+  CheckReport again;
+  CheckOptions verify = options;
+  verify.repair = false;
+  Checker c(store, space, verify, /*repair=*/false, &again);
+  THINFS_RETURN_IF_ERROR(c.Run());
+  report.errors_left = again.error_count;
+  for (CheckFinding& f : again.findings) {
+    if (f.severity == Severity::kError) report.remaining.push_back(std::move(f));
+  }
+  return report;
+}
+
+}  // namespace thinfs::meta

@@ -1,0 +1,418 @@
+// meta::CheckPool over hand-built metadata: each kind of damage is
+// reported precisely, repair fixes what it can, and a second check is
+// clean. Plus: a pool the engine built is clean.
+
+#include "meta/pool_check.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+
+#include "core/mem_metadata.h"
+#include "core/mem_space_map.h"
+#include "tests/util/engine_fixture.h"
+
+namespace thinfs {
+namespace {
+
+using meta::CheckFinding;
+using meta::CheckOptions;
+using meta::CheckPool;
+using meta::CheckReport;
+
+constexpr uint64_t kBlocks = 64;
+
+class PoolCheckTest : public ::testing::Test {
+ protected:
+  PoolCheckTest() : space_(kBlocks) {
+    Superblock sb;
+    sb.block_size = 4096;
+    sb.data_blocks = kBlocks;
+    sb.next_device_id = 10;
+    sb.transaction_id = 5;
+    store_ = std::make_unique<MemMetadataStore>(sb);
+  }
+
+  DeviceRecord Device(uint64_t id, const std::string& name, Epoch epoch) {
+    DeviceRecord d;
+    d.id = VolumeId(id);
+    d.name = name;
+    d.size = 16 * 4096;
+    d.epoch = epoch;
+    return d;
+  }
+  void Put(const DeviceRecord& d) {
+    MetaBatch b;
+    b.put_devices.push_back(d);
+    ASSERT_OK(store_->Commit(b, true));
+  }
+  // A version naming `block`, which is marked used in the space map unless
+  // `allocate` is false.
+  void Map(uint64_t dev, uint64_t vb, Epoch e, uint64_t block, uint8_t flags = 0,
+           bool allocate = true) {
+    MetaBatch b;
+    b.put_mappings.push_back(MapEntry{VolumeId(dev), VolumeBlock(vb), e, {PoolBlock(block), flags}});
+    ASSERT_OK(store_->Commit(b, true));
+    if (allocate && block < kBlocks) space_.MarkUsed(PoolBlock(block));
+  }
+  void Refcount(uint64_t block, uint32_t n) {
+    MetaBatch b;
+    b.refcounts.emplace_back(PoolBlock(block), n);
+    ASSERT_OK(store_->Commit(b, true));
+  }
+  // A consistent pool: origin 1 at epoch 1 with snapshot 2 reading it at
+  // epoch 0, and device 3 sharing block 5 with the origin's block 1.
+  void BuildHealthy() {
+    Put(Device(1, "origin", 1));
+    DeviceRecord snap = Device(2, "snap", 0);
+    snap.has_parent = true;
+    snap.parent = VolumeId(1);
+    snap.parent_epoch = 0;
+    Put(snap);
+    Put(Device(3, "copy", 0));
+    Map(1, 0, 0, 4);
+    Map(1, 0, 1, 7);
+    Map(1, 1, 1, 5, MapValue::kMaybeShared);
+    Map(3, 2, 0, 5, MapValue::kMaybeShared);
+    Refcount(5, 2);
+    Map(2, 3, 0, 0, MapValue::kTombstone, /*allocate=*/false);
+  }
+
+  CheckReport Check(bool repair = false) {
+    CheckOptions o;
+    o.repair = repair;
+    Result<CheckReport> r = CheckPool(store_.get(), &space_, o);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : CheckReport();
+  }
+
+  static const CheckFinding* Find(const CheckReport& r, const std::string& kind) {
+    for (const CheckFinding& f : r.findings) {
+      if (f.kind == kind) return &f;
+    }
+    return nullptr;
+  }
+  static std::string Dump(const CheckReport& r) {
+    std::string s;
+    for (const CheckFinding& f : r.findings) {
+      s += (f.severity == CheckFinding::Severity::kError ? "error " : "warning ") + f.kind + ": " +
+           f.message + (f.repair.empty() ? "" : " [repair: " + f.repair + "]") + "\n";
+    }
+    for (const CheckFinding& f : r.remaining) s += "remaining " + f.kind + ": " + f.message + "\n";
+    return s;
+  }
+
+  // Repairs, expects every error corrected, then a clean check with no
+  // findings at all.
+  void RepairAndExpectClean() {
+    CheckReport fixed = Check(/*repair=*/true);
+    EXPECT_EQ(fixed.errors_left, 0u) << Dump(fixed);
+    EXPECT_EQ(fixed.errors_corrected, fixed.error_count) << Dump(fixed);
+    EXPECT_FALSE(fixed.changes.empty());
+    CheckReport again = Check();
+    EXPECT_EQ(again.error_count, 0u) << Dump(again);
+    EXPECT_EQ(again.warning_count, 0u) << Dump(again);
+  }
+
+  MemSpaceMap space_;
+  std::unique_ptr<MemMetadataStore> store_;
+};
+
+TEST_F(PoolCheckTest, HealthyPoolIsClean) {
+  BuildHealthy();
+  CheckReport r = Check();
+  EXPECT_EQ(r.error_count, 0u) << Dump(r);
+  EXPECT_EQ(r.warning_count, 0u) << Dump(r);
+  EXPECT_EQ(r.devices, 3u);
+  EXPECT_EQ(r.mappings, 5u);
+  EXPECT_EQ(r.referenced_blocks, 3u);
+  EXPECT_EQ(r.shared_blocks, 1u);
+  EXPECT_EQ(r.refcount_entries, 1u);
+  EXPECT_TRUE(r.clean());
+  // Repair of a clean pool changes nothing.
+  CheckReport rep = Check(true);
+  EXPECT_TRUE(rep.changes.empty()) << Dump(rep);
+  EXPECT_EQ(rep.errors_corrected, 0u);
+}
+
+TEST_F(PoolCheckTest, MappingOutsideTheDataArea) {
+  BuildHealthy();
+  Map(3, 9, 0, kBlocks + 3);
+  CheckReport r = Check();
+  EXPECT_EQ(r.error_count, 1u) << Dump(r);
+  const CheckFinding* f = Find(r, "mapping-outside-data-area");
+  ASSERT_NE(f, nullptr) << Dump(r);
+  EXPECT_EQ(f->device, 3u);
+  EXPECT_EQ(f->vblock, 9u);
+  EXPECT_EQ(f->epoch, 0u);
+  EXPECT_EQ(f->block, kBlocks + 3);
+  EXPECT_NE(f->message.find("device 3 vblock 9 epoch 0 maps pool block 67 beyond the data area"),
+            std::string::npos)
+      << f->message;
+  EXPECT_FALSE(r.clean());
+  RepairAndExpectClean();
+  auto v = store_->FindVersion(VolumeId(3), VolumeBlock(9), 0);
+  ASSERT_TRUE(v.ok() && v->has_value());
+  EXPECT_TRUE((*v)->value.tombstone()) << "the block reads zeros, not an older version";
+}
+
+TEST_F(PoolCheckTest, MappedBlockFreeInTheSpaceMap) {
+  BuildHealthy();
+  Map(3, 4, 0, 20, 0, /*allocate=*/false);
+  CheckReport r = Check();
+  EXPECT_EQ(r.error_count, 1u) << Dump(r);
+  const CheckFinding* f = Find(r, "block-not-allocated");
+  ASSERT_NE(f, nullptr) << Dump(r);
+  EXPECT_EQ(f->device, 3u);
+  EXPECT_EQ(f->vblock, 4u);
+  EXPECT_EQ(f->block, 20u);
+  RepairAndExpectClean();
+  EXPECT_TRUE(space_.IsAllocated(PoolBlock(20)));
+}
+
+TEST_F(PoolCheckTest, LeaksAreWarningsAndRepairReclaimsThem) {
+  BuildHealthy();
+  space_.MarkUsed(PoolBlock(30));
+  space_.MarkUsed(PoolBlock(31));
+  CheckReport r = Check();
+  EXPECT_EQ(r.error_count, 0u) << Dump(r);
+  EXPECT_TRUE(r.clean());
+  EXPECT_EQ(r.leaked_blocks, 2u);
+  const CheckFinding* f = Find(r, "leaked-blocks");
+  ASSERT_NE(f, nullptr) << Dump(r);
+  EXPECT_EQ(f->severity, CheckFinding::Severity::kWarning);
+  EXPECT_NE(f->message.find("30 31"), std::string::npos) << f->message;
+  const uint64_t free_before = space_.free_blocks();
+  CheckReport fixed = Check(true);
+  EXPECT_EQ(fixed.reclaimed_blocks, 2u);
+  EXPECT_EQ(fixed.errors_corrected, 0u);
+  EXPECT_EQ(space_.free_blocks(), free_before + 2);
+  EXPECT_FALSE(space_.IsAllocated(PoolBlock(30)));
+  EXPECT_TRUE(space_.IsAllocated(PoolBlock(4)));
+  EXPECT_EQ(Check().warning_count, 0u);
+}
+
+TEST_F(PoolCheckTest, WrongRefcount) {
+  BuildHealthy();
+  Refcount(5, 3);
+  CheckReport r = Check();
+  EXPECT_EQ(r.error_count, 1u) << Dump(r);
+  const CheckFinding* f = Find(r, "refcount-wrong");
+  ASSERT_NE(f, nullptr) << Dump(r);
+  EXPECT_EQ(f->block, 5u);
+  EXPECT_NE(f->message.find("is 3 but 2 versions"), std::string::npos) << f->message;
+  RepairAndExpectClean();
+  EXPECT_EQ(*store_->GetRefcount(PoolBlock(5)), 2u);
+}
+
+TEST_F(PoolCheckTest, StaleRefcountEntries) {
+  BuildHealthy();
+  Refcount(4, 2);   // named by one version
+  Refcount(40, 5);  // named by none
+  CheckReport r = Check();
+  EXPECT_EQ(r.error_count, 2u) << Dump(r);
+  int stale = 0;
+  for (const CheckFinding& f : r.findings) stale += f.kind == "refcount-stale";
+  EXPECT_EQ(stale, 2) << Dump(r);
+  RepairAndExpectClean();
+  auto rc = store_->ListRefcounts();
+  ASSERT_TRUE(rc.ok());
+  EXPECT_EQ(rc->size(), 1u);
+}
+
+TEST_F(PoolCheckTest, RefcountOutsideTheDataArea) {
+  BuildHealthy();
+  Refcount(kBlocks + 1, 2);
+  CheckReport r = Check();
+  const CheckFinding* f = Find(r, "refcount-outside-data-area");
+  ASSERT_NE(f, nullptr) << Dump(r);
+  EXPECT_EQ(f->block, kBlocks + 1);
+  RepairAndExpectClean();
+}
+
+TEST_F(PoolCheckTest, BlockMappedTwiceWithoutACount) {
+  BuildHealthy();
+  // Device 3's own, current-epoch version names the origin's block 7.
+  Map(3, 6, 0, 7);
+  CheckReport r = Check();
+  const CheckFinding* f = Find(r, "block-double-mapped");
+  ASSERT_NE(f, nullptr) << Dump(r);
+  EXPECT_EQ(f->block, 7u);
+  EXPECT_NE(f->message.find("device 1 vblock 0 epoch 1"), std::string::npos) << f->message;
+  EXPECT_NE(f->message.find("device 3 vblock 6 epoch 0"), std::string::npos) << f->message;
+  // Both are current-epoch versions without the flag: in-place writes.
+  int unflagged = 0;
+  for (const CheckFinding& g : r.findings) unflagged += g.kind == "shared-version-not-flagged";
+  EXPECT_EQ(unflagged, 2) << Dump(r);
+  RepairAndExpectClean();
+  EXPECT_EQ(*store_->GetRefcount(PoolBlock(7)), 2u);
+  auto v = store_->FindVersion(VolumeId(3), VolumeBlock(6), 0);
+  ASSERT_TRUE(v.ok() && v->has_value());
+  EXPECT_TRUE((*v)->value.flags & MapValue::kMaybeShared);
+}
+
+TEST_F(PoolCheckTest, OldEpochVersionsOfASharedBlockNeedNoFlag) {
+  BuildHealthy();
+  // Origin's epoch-0 version (block 4) is also named by device 3, flagged,
+  // with a count: the origin never writes epoch 0 in place.
+  Map(3, 7, 0, 4, MapValue::kMaybeShared);
+  Refcount(4, 2);
+  CheckReport r = Check();
+  EXPECT_EQ(r.error_count, 0u) << Dump(r);
+}
+
+TEST_F(PoolCheckTest, VersionsOfMissingDevicesAndFutureEpochs) {
+  BuildHealthy();
+  Map(8, 0, 0, 11);  // no device 8
+  Map(3, 1, 4, 12);  // device 3 is at epoch 0
+  CheckReport r = Check();
+  EXPECT_EQ(r.error_count, 2u) << Dump(r);
+  const CheckFinding* a = Find(r, "mapping-without-device");
+  ASSERT_NE(a, nullptr) << Dump(r);
+  EXPECT_EQ(a->device, 8u);
+  EXPECT_EQ(a->block, 11u);
+  const CheckFinding* b = Find(r, "mapping-future-epoch");
+  ASSERT_NE(b, nullptr) << Dump(r);
+  EXPECT_EQ(b->device, 3u);
+  EXPECT_EQ(b->epoch, 4u);
+  CheckReport fixed = Check(true);
+  EXPECT_EQ(fixed.errors_left, 0u) << Dump(fixed);
+  // The dropped versions' blocks are reclaimed with the rebuild.
+  EXPECT_FALSE(space_.IsAllocated(PoolBlock(11)));
+  EXPECT_FALSE(space_.IsAllocated(PoolBlock(12)));
+  EXPECT_EQ(Check().error_count, 0u);
+}
+
+TEST_F(PoolCheckTest, DeviceTableDamageIsReportedAndLeft) {
+  BuildHealthy();
+  DeviceRecord orphan = Device(4, "orphan", 0);
+  orphan.has_parent = true;
+  orphan.parent = VolumeId(99);  // missing
+  Put(orphan);
+  DeviceRecord future = Device(5, "future", 0);
+  future.has_parent = true;
+  future.parent = VolumeId(1);
+  future.parent_epoch = 1;  // origin is at epoch 1
+  Put(future);
+  DeviceRecord a = Device(6, "a", 1), b = Device(7, "b", 1);
+  a.has_parent = b.has_parent = true;
+  a.parent = VolumeId(7);
+  b.parent = VolumeId(6);
+  Put(a);
+  Put(b);
+  Put(Device(8, "origin", 0));  // duplicate name
+  Put(Device(9, ".bad", 0));
+  CheckReport r = Check();
+  for (const char* kind : {"device-parent-missing", "device-parent-epoch", "device-ancestry-cycle",
+                           "device-duplicate-name", "device-bad-name"}) {
+    EXPECT_NE(Find(r, kind), nullptr) << kind << "\n" << Dump(r);
+  }
+  EXPECT_EQ(Find(r, "device-parent-missing")->device, 4u);
+  EXPECT_EQ(Find(r, "device-parent-epoch")->device, 5u);
+  EXPECT_EQ(Find(r, "device-duplicate-name")->device, 8u);
+  EXPECT_EQ(Find(r, "device-bad-name")->device, 9u);
+  int cycles = 0;
+  for (const CheckFinding& f : r.findings) cycles += f.kind == "device-ancestry-cycle";
+  EXPECT_EQ(cycles, 2) << Dump(r);
+  // Nothing here can be repaired safely: left, and said so.
+  CheckReport fixed = Check(true);
+  EXPECT_EQ(fixed.errors_corrected, 0u) << Dump(fixed);
+  EXPECT_EQ(fixed.errors_left, r.error_count);
+  EXPECT_FALSE(fixed.remaining.empty());
+}
+
+TEST_F(PoolCheckTest, LiveChildOfADeletingDevice) {
+  BuildHealthy();
+  DeviceRecord origin = Device(1, "", 1);
+  origin.flags = DeviceRecord::kDeleting | DeviceRecord::kHidden;
+  Put(origin);
+  CheckReport r = Check();
+  const CheckFinding* f = Find(r, "device-reads-deleting-parent");
+  ASSERT_NE(f, nullptr) << Dump(r);
+  EXPECT_EQ(f->device, 2u);
+  // The deleting device's versions are flagged as awaiting the collector.
+  const CheckFinding* w = Find(r, "device-deleting");
+  ASSERT_NE(w, nullptr) << Dump(r);
+  EXPECT_EQ(w->device, 1u);
+  EXPECT_NE(w->message.find("3 versions"), std::string::npos) << w->message;
+}
+
+TEST_F(PoolCheckTest, HiddenDeviceWithoutChildrenIsMarkedForCollection) {
+  BuildHealthy();
+  DeviceRecord copy = Device(3, "", 0);
+  copy.flags = DeviceRecord::kHidden;
+  Put(copy);
+  CheckReport r = Check();
+  EXPECT_EQ(r.error_count, 0u) << Dump(r);
+  const CheckFinding* f = Find(r, "hidden-device-without-children");
+  ASSERT_NE(f, nullptr) << Dump(r);
+  EXPECT_EQ(f->device, 3u);
+  CheckReport fixed = Check(true);
+  EXPECT_FALSE(fixed.changes.empty());
+  auto devs = store_->LoadDevices();
+  ASSERT_TRUE(devs.ok());
+  auto it = std::find_if(devs->begin(), devs->end(), [](auto& d) { return d.id.value == 3; });
+  ASSERT_NE(it, devs->end());
+  EXPECT_TRUE(it->flags & DeviceRecord::kDeleting);
+}
+
+TEST_F(PoolCheckTest, DeviceIdBeyondNextDeviceId) {
+  BuildHealthy();
+  Put(Device(12, "late", 0));
+  CheckReport r = Check();
+  const CheckFinding* f = Find(r, "device-id-out-of-range");
+  ASSERT_NE(f, nullptr) << Dump(r);
+  EXPECT_EQ(f->device, 12u);
+  RepairAndExpectClean();
+  EXPECT_EQ(store_->ReadSuperblock()->next_device_id, 13u);
+}
+
+TEST_F(PoolCheckTest, RepairBumpsTheTransactionAndLeavesTheSpaceMapClean) {
+  BuildHealthy();
+  Map(3, 4, 0, 20, 0, /*allocate=*/false);
+  ASSERT_OK(space_.MarkDirty());
+  CheckReport fixed = Check(true);
+  EXPECT_EQ(fixed.errors_left, 0u) << Dump(fixed);
+  space_.DropUnsynced();  // the repair is durable
+  EXPECT_TRUE(space_.was_clean());
+  EXPECT_TRUE(space_.IsAllocated(PoolBlock(20)));
+}
+
+TEST_F(PoolCheckTest, WithoutASpaceMapTheMapIsStillChecked) {
+  BuildHealthy();
+  Map(3, 9, 0, kBlocks + 3);
+  Result<CheckReport> r = CheckPool(store_.get(), nullptr, CheckOptions());
+  ASSERT_TRUE(r.ok());
+  EXPECT_NE(Find(*r, "mapping-outside-data-area"), nullptr);
+}
+
+TEST(PoolCheckEngineTest, WhatTheEngineBuildsIsClean) {
+  testing::EngineFixture f(4096, 256);
+  ASSERT_TRUE(f.pool->CreateDevice("a", 64 * 4096).ok());
+  auto a = f.pool->OpenVolume("a");
+  ASSERT_TRUE(a.ok());
+  for (uint64_t b = 0; b < 32; ++b) {
+    ASSERT_OK((*a)->Write(b * 4096, testing::Pattern(4096, static_cast<uint32_t>(b))));
+  }
+  ASSERT_TRUE(f.pool->CreateSnapshot("a", "s").ok());
+  ASSERT_OK((*a)->Write(100, testing::Pattern(9000, 7)));
+  ASSERT_TRUE(f.pool->CreateDevice("c", 64 * 4096).ok());
+  auto c = f.pool->OpenVolume("c");
+  ASSERT_TRUE(c.ok());
+  ASSERT_OK(f.pool->ShareRange((*a)->id(), 8 * 4096, (*c)->id(), 16 * 4096, 8 * 4096));
+  ASSERT_OK((*a)->Discard(20 * 4096, 4 * 4096));
+  ASSERT_OK(f.pool->Commit());
+  a->reset();
+  ASSERT_OK(f.pool->DeleteDevice("a"));
+  ASSERT_OK(f.pool->Commit());
+  Result<CheckReport> r = CheckPool(f.store.get(), f.space.get(), CheckOptions());
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->error_count, 0u);
+  for (const CheckFinding& g : r->findings) ADD_FAILURE() << g.kind << ": " << g.message;
+  EXPECT_GT(r->shared_blocks, 0u);
+}
+
+}  // namespace
+}  // namespace thinfs

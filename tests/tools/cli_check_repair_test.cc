@@ -1,0 +1,236 @@
+// thinfs check over damaged pools built on disk, and thinfs check --repair:
+// the damage is reported, repaired (exit 1), and a second check is clean.
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "meta/bitmap_space_map.h"
+#include "meta/format.h"
+#include "meta/pool_dir.h"
+#include "meta/rocksdb_store.h"
+#include "tests/tools/json_parser.h"
+#include "tests/util/pool_test_util.h"
+
+namespace thinfs {
+namespace {
+
+using testing::JsonParser;
+using testing::JsonValue;
+using testing::ReadFileOrDie;
+using testing::TempDir;
+
+struct CliRun {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+CliRun Thinfs(const std::vector<std::string>& args) {
+  TempDir io;
+  const std::string out_path = io.Sub("out"), err_path = io.Sub("err");
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int in = ::open("/dev/null", O_RDONLY);
+    int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (in < 0 || out < 0 || err < 0) ::_exit(127);
+    ::dup2(in, 0);
+    ::dup2(out, 1);
+    ::dup2(err, 2);
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(THINFS_BINARY));
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(THINFS_BINARY, argv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  CliRun r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = ReadFileOrDie(out_path);
+  r.err = ReadFileOrDie(err_path);
+  return r;
+}
+
+std::string Describe(const CliRun& r) {
+  return "exit " + std::to_string(r.exit_code) + "\nstdout:\n" + r.out + "stderr:\n" + r.err;
+}
+
+bool Has(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+
+// A 16 MiB pool of 64 KiB blocks (256 blocks) with one device, 'vol'.
+class CheckRepairTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    pool_ = tmp_.Sub("pool");
+    CliRun r = Thinfs({"format", pool_, "--size", "16M"});
+    ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  }
+
+  // Commits `batch` (plus a device 1 'vol' at epoch 0) straight into the
+  // store, and marks `used` allocated in the bitmap.
+  void Damage(MetaBatch batch, const std::vector<uint64_t>& used) {
+    {
+      auto store = meta::RocksDbStore::Open(pool_ + "/meta", meta::RocksDbOptions());
+      ASSERT_TRUE(store.ok()) << store.status().ToString();
+      auto sb = (*store)->ReadSuperblock();
+      ASSERT_TRUE(sb.ok());
+      Superblock s = *sb;
+      s.next_device_id = std::max<uint64_t>(s.next_device_id, 2);
+      batch.superblock = s;
+      DeviceRecord d;
+      d.id = VolumeId(1);
+      d.name = "vol";
+      d.size = 16 * 65536;
+      batch.put_devices.push_back(d);
+      ASSERT_TRUE((*store)->Commit(batch, true).ok());
+    }
+    auto bm = meta::BitmapSpaceMap::Open(pool_ + "/bitmap", 256, 65536, false);
+    ASSERT_TRUE(bm.ok()) << bm.status().ToString();
+    ASSERT_TRUE((*bm)->MarkDirty().ok());
+    for (uint64_t b : used) (*bm)->MarkUsed(PoolBlock(b));
+    ASSERT_TRUE((*bm)->MarkClean(0).ok());
+  }
+
+  static MapEntry Entry(uint64_t vb, uint64_t block, uint8_t flags = 0) {
+    return MapEntry{VolumeId(1), VolumeBlock(vb), 0, MapValue{PoolBlock(block), flags}};
+  }
+
+  TempDir tmp_;
+  std::string pool_;
+};
+
+TEST_F(CheckRepairTest, ReportsRepairsAndReverifies) {
+  MetaBatch b;
+  b.put_mappings.push_back(Entry(0, 3));
+  b.put_mappings.push_back(Entry(1, 999));  // outside the data area
+  b.put_mappings.push_back(Entry(2, 7));    // free in the bitmap
+  b.put_mappings.push_back(Entry(3, 8, MapValue::kMaybeShared));
+  b.put_mappings.push_back(Entry(4, 8, MapValue::kMaybeShared));
+  b.refcounts.emplace_back(PoolBlock(8), 5);  // two versions name it
+  Damage(b, {3, 8, 40});                      // 40: a leak
+
+  CliRun r = Thinfs({"check", pool_});
+  EXPECT_EQ(r.exit_code, 4) << Describe(r);
+  EXPECT_TRUE(Has(r.out, "error: block map: device 1 vblock 1 epoch 0 maps pool block 999 "
+                         "beyond the data area (256 blocks)"))
+      << r.out;
+  EXPECT_TRUE(Has(r.out, "error: block map: device 1 vblock 2 epoch 0 maps pool block 7, which "
+                         "the space map marks free"))
+      << r.out;
+  EXPECT_TRUE(Has(r.out, "error: refcount of pool block 8 is 5 but 2 versions name the block"))
+      << r.out;
+  EXPECT_TRUE(Has(r.out, "warning: 1 blocks are allocated in the space map but named by no "
+                         "version (leaked, reclaimable): 40"))
+      << r.out;
+  EXPECT_TRUE(Has(r.out, "3 errors left uncorrected")) << r.out;
+
+  r = Thinfs({"check", pool_, "--repair", "--read-only"});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  EXPECT_TRUE(Has(r.err, "exclude each other")) << r.err;
+
+  r = Thinfs({"check", pool_, "--repair", "--json"});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  std::string error;
+  std::optional<JsonValue> v = JsonParser::Parse(r.out, &error);
+  ASSERT_TRUE(v.has_value()) << error << "\n" << r.out;
+  EXPECT_TRUE((*v)["clean"].boolean);
+  EXPECT_TRUE((*v)["repair"].boolean);
+  EXPECT_EQ((*v)["errors_corrected"].AsUint(), 3u);
+  EXPECT_EQ((*v)["errors_left"].AsUint(), 0u);
+  EXPECT_EQ((*v)["reclaimed_blocks"].AsUint(), 1u);
+  EXPECT_EQ((*v)["changes"].array.size(), 4u) << r.out;
+  bool found = false;
+  for (const JsonValue& f : (*v)["findings"].array) {
+    if (f["kind"].string != "mapping-outside-data-area") continue;
+    found = true;
+    EXPECT_EQ(f["device"].AsUint(), 1u);
+    EXPECT_EQ(f["vblock"].AsUint(), 1u);
+    EXPECT_EQ(f["epoch"].AsUint(), 0u);
+    EXPECT_EQ(f["block"].AsUint(), 999u);
+    EXPECT_TRUE(Has(f["repair"].string, "tombstone")) << f["repair"].string;
+  }
+  EXPECT_TRUE(found) << r.out;
+
+  r = Thinfs({"check", pool_});
+  EXPECT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_FALSE(Has(r.out, "warning")) << r.out;
+  EXPECT_TRUE(Has(r.out, ": clean")) << r.out;
+  // The repaired pool opens, and the device reads what the repair left.
+  r = Thinfs({"status", pool_});
+  EXPECT_EQ(r.exit_code, 0) << Describe(r);
+}
+
+TEST_F(CheckRepairTest, LeaksOnlyAreCleanAndRepairReclaimsThem) {
+  MetaBatch b;
+  b.put_mappings.push_back(Entry(0, 3));
+  Damage(b, {3, 10, 11});
+  CliRun r = Thinfs({"check", pool_});
+  EXPECT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_TRUE(Has(r.out, "warning: 2 blocks are allocated")) << r.out;
+  r = Thinfs({"check", pool_, "--repair"});
+  EXPECT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_TRUE(Has(r.out, "repaired: reclaimed 2 leaked blocks")) << r.out;
+  r = Thinfs({"check", pool_});
+  EXPECT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_FALSE(Has(r.out, "warning")) << r.out;
+}
+
+TEST_F(CheckRepairTest, DamagedBitmapIsRebuiltFromTheBlockMap) {
+  MetaBatch b;
+  b.put_mappings.push_back(Entry(0, 3));
+  b.put_mappings.push_back(Entry(5, 9));
+  Damage(b, {3, 9});
+  testing::FlipByteOrDie(pool_ + "/bitmap", testing::kBitmapHeaderFlipOffsetForTesting);
+  CliRun r = Thinfs({"check", pool_});
+  EXPECT_EQ(r.exit_code, 4) << Describe(r);
+  EXPECT_TRUE(Has(r.out, "checksum")) << r.out;
+  r = Thinfs({"check", pool_, "--repair"});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  EXPECT_TRUE(Has(r.out, "repaired: replaced the bitmap")) << r.out;
+  EXPECT_TRUE(std::filesystem::exists(pool_ + "/bitmap.damaged"));
+  r = Thinfs({"check", pool_});
+  EXPECT_EQ(r.exit_code, 0) << Describe(r);
+  auto bm = meta::BitmapSpaceMap::Open(pool_ + "/bitmap", 256, 65536, true);
+  ASSERT_TRUE(bm.ok()) << bm.status().ToString();
+  EXPECT_TRUE((*bm)->IsAllocated(PoolBlock(3)));
+  EXPECT_TRUE((*bm)->IsAllocated(PoolBlock(9)));
+  EXPECT_EQ((*bm)->free_blocks(), 254u);
+}
+
+TEST_F(CheckRepairTest, UnreadableMapRecordIsReportedAndLeft) {
+  MetaBatch b;
+  b.put_mappings.push_back(Entry(0, 3));
+  Damage(b, {3});
+  std::string key(20, '\0');
+  key[7] = 1;  // device 1, vblock 0
+  for (int i = 16; i < 20; ++i) key[i] = static_cast<char>(0xff);  // ~epoch 0
+  {
+    auto store = meta::RocksDbStore::Open(pool_ + "/meta", meta::RocksDbOptions());
+    ASSERT_TRUE(store.ok());
+    auto raw = (*store)->GetRawForTesting(meta::dbformat::kMapCf, key);
+    ASSERT_TRUE(raw.ok()) << raw.status().ToString();
+    std::string bad = *raw;
+    bad.back() = static_cast<char>(bad.back() ^ 0x5a);
+    ASSERT_TRUE((*store)->PutRawForTesting(meta::dbformat::kMapCf, key, bad).ok());
+  }
+  CliRun r = Thinfs({"check", pool_});
+  EXPECT_EQ(r.exit_code, 4) << Describe(r);
+  EXPECT_TRUE(Has(r.out, "error: block map: ")) << r.out;
+  EXPECT_TRUE(Has(r.out, "check mismatch")) << r.out;
+  r = Thinfs({"check", pool_, "--repair"});
+  EXPECT_EQ(r.exit_code, 4) << Describe(r);
+  EXPECT_TRUE(Has(r.out, "left: block map: ")) << r.out;
+}
+
+}  // namespace
+}  // namespace thinfs
