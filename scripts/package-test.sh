@@ -79,6 +79,13 @@ for f in ./usr/bin/thinfs ./usr/sbin/mount.thinfs ./lib/systemd/system/thinfs@.s
   grep -q " $f\$" <<<"$contents" || fail "the package lacks $f"
 done
 pass "the package holds the binary, mount helper, unit, man page, completion, docs"
+stage=$(mktemp -d /tmp/thinfs-stage.XXXXXX)
+DESTDIR=$stage cmake --install build-pkg --strip >/dev/null
+staged=$(cd "$stage" && find . -type f | sort)
+rm -rf "$stage"
+[[ $staged == "$(awk '$1 ~ /^-/ {print $6}' <<<"$contents" | sort)" ]] ||
+  fail "cmake --install and the package hold different files"
+pass "cmake --install (DESTDIR) installs the same files as the package"
 
 # --- install ----------------------------------------------------------------
 T=$(mktemp -d /tmp/thinfs-pkgtest.XXXXXX)
