@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 namespace thinfs {
@@ -45,18 +47,37 @@ Result<std::unique_ptr<FileBlockDevice>> FileBlockDevice::Open(const std::string
 
 FileBlockDevice::~FileBlockDevice() { ::close(fd_); }
 
-Status FileBlockDevice::Read(PoolBlock block, uint64_t offset, std::span<std::byte> buf) {
-  uint64_t pos = geometry_.BytesOf(block.value) + offset;
+namespace {
+
+constexpr uint64_t kDirectAlign = 4096;
+
+struct AlignedBuffer {
+  explicit AlignedBuffer(size_t n) {
+    if (posix_memalign(&p, kDirectAlign, n) != 0) p = nullptr;
+  }
+  ~AlignedBuffer() { std::free(p); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  void* p = nullptr;
+};
+
+bool Aligned(uint64_t pos, size_t len, const void* ptr) {
+  return pos % kDirectAlign == 0 && len % kDirectAlign == 0 &&
+         reinterpret_cast<uintptr_t>(ptr) % kDirectAlign == 0;
+}
+
+Status PreadAll(int fd, void* data, size_t len, uint64_t pos) {
+  auto* out = static_cast<std::byte*>(data);
   size_t done = 0;
-  while (done < buf.size()) {
-    ssize_t n = ::pread(fd_, buf.data() + done, buf.size() - done, static_cast<off_t>(pos + done));
+  while (done < len) {
+    ssize_t n = ::pread(fd, out + done, len - done, static_cast<off_t>(pos + done));
     if (n < 0) {
       if (errno == EINTR) continue;
       return Status::FromErrno(errno, "pread data");
     }
     if (n == 0) {
-      // Past the end of a sparse data file that was never extended: zeros.
-      std::fill(buf.begin() + static_cast<ptrdiff_t>(done), buf.end(), std::byte{0});
+      // Past the end of a data file that was never extended: zeros.
+      std::memset(out + done, 0, len - done);
       return Status::Ok();
     }
     done += static_cast<size_t>(n);
@@ -64,12 +85,11 @@ Status FileBlockDevice::Read(PoolBlock block, uint64_t offset, std::span<std::by
   return Status::Ok();
 }
 
-Status FileBlockDevice::Write(PoolBlock block, uint64_t offset, std::span<const std::byte> buf) {
-  uint64_t pos = geometry_.BytesOf(block.value) + offset;
+Status PwriteAll(int fd, const void* data, size_t len, uint64_t pos) {
+  const auto* in = static_cast<const std::byte*>(data);
   size_t done = 0;
-  while (done < buf.size()) {
-    ssize_t n =
-        ::pwrite(fd_, buf.data() + done, buf.size() - done, static_cast<off_t>(pos + done));
+  while (done < len) {
+    ssize_t n = ::pwrite(fd, in + done, len - done, static_cast<off_t>(pos + done));
     if (n < 0) {
       if (errno == EINTR) continue;
       return Status::FromErrno(errno, "pwrite data");
@@ -77,6 +97,47 @@ Status FileBlockDevice::Write(PoolBlock block, uint64_t offset, std::span<const 
     done += static_cast<size_t>(n);
   }
   return Status::Ok();
+}
+
+}  // namespace
+
+Status FileBlockDevice::Read(PoolBlock block, uint64_t offset, std::span<std::byte> buf) {
+  uint64_t pos = geometry_.BytesOf(block.value) + offset;
+  if (!direct_ || Aligned(pos, buf.size(), buf.data())) {
+    return PreadAll(fd_, buf.data(), buf.size(), pos);
+  }
+  // O_DIRECT wants 4 KiB-aligned offsets, lengths and buffers: bounce.
+  uint64_t start = pos / kDirectAlign * kDirectAlign;
+  uint64_t end = (pos + buf.size() + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+  AlignedBuffer bounce(end - start);
+  if (bounce.p == nullptr) return Status::IOError("out of memory for an O_DIRECT bounce buffer");
+  THINFS_RETURN_IF_ERROR(PreadAll(fd_, bounce.p, end - start, start));
+  std::memcpy(buf.data(), static_cast<std::byte*>(bounce.p) + (pos - start), buf.size());
+  return Status::Ok();
+}
+
+Status FileBlockDevice::Write(PoolBlock block, uint64_t offset, std::span<const std::byte> buf) {
+  uint64_t pos = geometry_.BytesOf(block.value) + offset;
+  if (!direct_ || Aligned(pos, buf.size(), buf.data())) {
+    return PwriteAll(fd_, buf.data(), buf.size(), pos);
+  }
+  // Read-modify-write of the 4 KiB sectors the write touches. The engine
+  // serialises writes to one block (its stripe lock), so no concurrent
+  // writer can be lost between the read and the write.
+  uint64_t start = pos / kDirectAlign * kDirectAlign;
+  uint64_t end = (pos + buf.size() + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+  AlignedBuffer bounce(end - start);
+  if (bounce.p == nullptr) return Status::IOError("out of memory for an O_DIRECT bounce buffer");
+  auto* b = static_cast<std::byte*>(bounce.p);
+  if (pos != start) THINFS_RETURN_IF_ERROR(PreadAll(fd_, b, kDirectAlign, start));
+  if (pos + buf.size() != end && end - kDirectAlign != start) {
+    THINFS_RETURN_IF_ERROR(PreadAll(fd_, b + (end - start - kDirectAlign), kDirectAlign,
+                                    end - kDirectAlign));
+  } else if (pos + buf.size() != end && pos == start) {
+    THINFS_RETURN_IF_ERROR(PreadAll(fd_, b, kDirectAlign, start));
+  }
+  std::memcpy(b + (pos - start), buf.data(), buf.size());
+  return PwriteAll(fd_, b, end - start, start);
 }
 
 Status FileBlockDevice::Sync() {

@@ -10,7 +10,10 @@
 // Write completed before Sync() started is durable when it returns OK.
 //
 // Thread safety: all methods may be called concurrently. Concurrent writes
-// to overlapping ranges have undefined interleaving, like pwrite.
+// to overlapping ranges have undefined interleaving, like pwrite. With
+// O_DIRECT, an unaligned write is a read-modify-write of the 4 KiB sectors
+// it touches: writes to one block must not run concurrently (the engine's
+// stripe lock guarantees it).
 
 #ifndef THINFS_CORE_BLOCK_DEVICE_H_
 #define THINFS_CORE_BLOCK_DEVICE_H_
