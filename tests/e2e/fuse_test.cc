@@ -167,6 +167,22 @@ TEST_F(FuseTest, KillNineThenRemountKeepsFsyncedData) {
   struct stat st {};
   ASSERT_EQ(stat(Vol("v").c_str(), &st), 0);
   EXPECT_EQ(st.st_size, 8 << 20);
+  // The recovered pool checks clean (leaks are warnings, exit 0).
+  ASSERT_EQ(Unmount(), "");
+  CommandResult check = Thinfs({"check", pool_});
+  EXPECT_EQ(check.exit_code, 0) << check.output;
+}
+
+TEST_F(FuseTest, DirectIoDataAreaServesUnalignedIo) {
+  FormatPool("64M");
+  ASSERT_EQ(MountForeground("direct_io=on"), "");
+  Truncate("v", "8M");
+  const size_t n = 3 * kBlockSize + 1001;
+  WriteAt(Vol("v"), 777, Pattern(5, 0, n), /*do_fsync=*/true);
+  EXPECT_EQ(ReadAt(Vol("v"), 777, n), Pattern(5, 0, n));
+  ASSERT_EQ(Unmount(), "");
+  ASSERT_EQ(MountForeground(), "");
+  EXPECT_EQ(ReadAt(Vol("v"), 777, n), Pattern(5, 0, n));
 }
 
 TEST_F(FuseTest, FullPoolReportsEnospcToTheWriter) {
