@@ -34,6 +34,7 @@ const std::vector<CommandSpec>& Specs() {
       {"delete", {"name"}},         {"resize", {"name", "size"}},
       {"rename", {"from", "to"}},   {"list", {}},
       {"status", {}},               {"mountpoint", {}},
+      {"checkpoint", {"dir"}},
   };
   return kSpecs;
 }
@@ -184,6 +185,19 @@ AdminReply Dispatch(Pool& pool, const AdminRequest& req, const AdminContext& ctx
     JsonWriter j;
     j.BeginObject().Key("mountpoint").String(ctx.mountpoint).EndObject();
     reply.json = j.str();
+    return reply;
+  }
+  if (cmd == "checkpoint") {
+    if (!ctx.checkpoint) return AdminReply::Error(kAdminFailure, "the pool is not mounted");
+    const std::string& dir = arg("dir");
+    if (dir.empty() || dir[0] != '/') {
+      return AdminReply::Error(kAdminUsage, "checkpoint needs an absolute directory");
+    }
+    Status s = pool.Commit();
+    if (s.ok()) s = ctx.checkpoint(dir);
+    if (!s.ok()) return AdminReply::Error(kAdminFailure, "checkpoint: " + s.message());
+    AdminReply reply;
+    reply.text = dir + "\n";
     return reply;
   }
   if (cmd == "create") {

@@ -80,6 +80,11 @@ struct AdminContext {
   // a device's size changed. The daemon invalidates the kernel's caches.
   std::function<void(const std::string& name)> entry_changed;
   std::function<void(VolumeId id)> inode_changed;
+  // `checkpoint dir=DIR`: after a commit, writes a consistent copy of the
+  // committed metadata to DIR (a RocksDB checkpoint: hard links, cheap), so
+  // `thinfs check --read-only` can verify a mounted pool. Empty: the
+  // command fails (only a daemon offers it).
+  std::function<Status(const std::string& dir)> checkpoint;
 };
 
 // Runs one command. Never throws; bad input is a reply with kAdminUsage and

@@ -273,6 +273,7 @@ void ControlServer::Serve(Connection* conn) {
   };
   ctx.entry_changed = [](const std::string& name) { NotifyEntryChanged(name); };
   ctx.inode_changed = [](VolumeId id) { NotifyInodeChanged(id); };
+  if (cred.uid == 0 || cred.uid == config_.owner_uid) ctx.checkpoint = config_.checkpoint;
   AdminReply reply = RunAdmin(*pool_, *request, ctx);
   if (reply.exit_code == kAdminOk) {
     THINFS_LOG_INFO("control socket: uid %u: %s", cred.uid, request->command.c_str());

@@ -26,6 +26,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <list>
 #include <memory>
 #include <string>
@@ -45,6 +46,8 @@ struct ControlConfig {
   uid_t owner_uid = 0;      // the pool directory's owner
   std::chrono::milliseconds read_timeout{5000};
   size_t max_connections = 16;
+  // Writes a consistent copy of the committed metadata (see AdminContext).
+  std::function<Status(const std::string& dir)> checkpoint;
 };
 
 class ControlServer {

@@ -72,6 +72,9 @@ int OpenAndServe(const MountOptions& options, const std::string& pool_root,
     return 1;
   }
 
+  // The store stays alive inside the Pool until Close(); the control
+  // socket's checkpoint uses it through this pointer while serving.
+  meta::RocksDbStore* store = files->store.get();
   PoolOptions pool_options;
   pool_options.commit_interval = options.commit_interval;
   pool_options.zero_detection = options.zero_detection;
@@ -108,6 +111,10 @@ int OpenAndServe(const MountOptions& options, const std::string& pool_root,
   ControlConfig control;
   control.pool_root = pool_root;
   control.socket_path = files->paths.control_socket;
+  control.checkpoint = [store](const std::string& dir) -> Status {
+    Result<std::string> r = store->CheckpointTo(dir);
+    return r.ok() ? Status::Ok() : r.status();
+  };
   control.mountpoint = mountpoint;
   control.data_path = DataPathOf(files->paths.data);
   control.owner_uid = root_st.st_uid;

@@ -10,15 +10,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "core/admin.h"
 #include "core/size.h"
 #include "meta/pool_check.h"
 #include "meta/pool_dir.h"
+#include "tools/control_client.h"
 #include "tools/cli.h"
 #include "tools/json.h"
 
@@ -155,6 +158,64 @@ Status CheckOpenPool(const meta::PoolPaths& paths, const Superblock& sb, meta::R
   return Status::Ok();
 }
 
+// `check --read-only` of a mounted pool: the daemon writes a consistent
+// checkpoint of the committed metadata inside the pool directory (hard
+// links: cheap), which is checked here and removed. The bitmap is in use
+// by the daemon and is not checked. Sets *answered to false when no daemon
+// answers on the control socket.
+Status CheckMountedPool(const meta::PoolPaths& paths, Report* r, bool* answered) {
+  std::string tmpl = paths.root + "/.check-XXXXXX";
+  if (::mkdtemp(tmpl.data()) == nullptr) return Status::FromErrno(errno, "mkdtemp " + tmpl);
+  // RocksDB creates the checkpoint directory itself.
+  ::rmdir(tmpl.c_str());
+  char abs[PATH_MAX];
+  std::string dir = ::realpath(paths.root.c_str(), abs) != nullptr
+                        ? std::string(abs) + tmpl.substr(tmpl.rfind('/'))
+                        : tmpl;
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup{dir};
+  AdminRequest request;
+  request.command = "checkpoint";
+  request.args = {{"dir", dir}};
+  std::optional<Result<AdminReply>> call = CallDaemon(paths.root, request);
+  if (!call) {
+    *answered = false;
+    return Status::Ok();
+  }
+  *answered = true;
+  if (!call->ok()) return call->status();
+  if ((*call)->exit_code != kAdminOk) return Status::IOError((*call)->error);
+  meta::RocksDbOptions store_options;
+  store_options.read_only = true;
+  THINFS_ASSIGN_OR_RETURN(std::unique_ptr<meta::RocksDbStore> store,
+                          meta::RocksDbStore::Open(dir, store_options));
+  ProgressLine progress;
+  meta::CheckOptions options;
+  options.max_listed = kMaxListed;
+  options.progress = [&progress](const char* phase, uint64_t done, uint64_t total) {
+    progress.Show(phase, done, total);
+  };
+  THINFS_ASSIGN_OR_RETURN(meta::CheckReport c, meta::CheckPool(store.get(), nullptr, options));
+  for (meta::CheckFinding& f : c.findings) {
+    if (f.severity == meta::CheckFinding::Severity::kError) {
+      if (r->error_count++ < kMaxListed) r->errors.push_back(f.message);
+    } else if (r->warning_count++ < kMaxListed) {
+      r->warnings.push_back(f.message);
+    }
+  }
+  r->Warning("the pool is mounted: checked a checkpoint of its committed metadata; the "
+             "bitmap, in use by the daemon, was not checked");
+  r->errors_left += c.errors_left;
+  r->findings = std::move(c.findings);
+  r->pool = std::move(c);
+  return Status::Ok();
+}
+
 void FindingJson(JsonWriter& j, const meta::CheckFinding& f) {
   j.BeginObject()
       .Key("severity")
@@ -219,32 +280,46 @@ int RunCheck(const std::vector<std::string>& args) {
   }
   // The lock also proves the pool is not mounted (the daemon holds it).
   Result<meta::PoolLock> lock = meta::PoolLock::Acquire(paths.lock);
-  if (!lock.ok()) return cl.Fail(kCheckOperational, lock.status().message());
-
   Report r;
-  meta::RocksDbOptions store_options;
-  store_options.read_only = read_only;
-  Result<std::unique_ptr<meta::RocksDbStore>> store =
-      meta::RocksDbStore::Open(paths.meta, store_options);
-  if (!store.ok()) {
-    // A damaged store is a finding; anything else stops the check.
-    if (!store.status().IsCorruption() && !store.status().IsNotFound()) {
-      return cl.Fail(kCheckOperational, "metadata store " + paths.meta + ": " +
-                                            store.status().message());
+  if (!lock.ok()) {
+    bool answered = false;
+    if (read_only && lock.status().code() == Status::Code::kBusy) {
+      if (Status s = CheckMountedPool(paths, &r, &answered); !s.ok()) {
+        return cl.Fail(kCheckOperational, "check of the mounted pool: " + s.ToString());
+      }
     }
-    r.Error("metadata store " + paths.meta + ": " + store.status().ToString());
-  } else {
-    Result<Superblock> sb = (*store)->ReadSuperblock();
-    Status valid = sb.ok() ? meta::ValidateSuperblock(*sb) : sb.status();
-    if (valid.code() == Status::Code::kNotSupported) {
-      return cl.Fail(kCheckOperational, valid.message());
+    if (!answered) {
+      return cl.Fail(kCheckOperational,
+                     lock.status().message() +
+                         (read_only ? "" : " (while mounted, use --read-only)"));
     }
-    if (!valid.ok()) {
-      r.Error("superblock: " + valid.ToString());
-    } else if (Status s = CheckOpenPool(paths, *sb, store->get(), read_only, repair, &r);
-               !s.ok()) {
-      return cl.Fail(kCheckOperational, (repair ? "repair: " : "check: ") + s.ToString());
+  }
+  if (lock.ok()) {
+    meta::RocksDbOptions store_options;
+    store_options.read_only = read_only;
+    Result<std::unique_ptr<meta::RocksDbStore>> store =
+        meta::RocksDbStore::Open(paths.meta, store_options);
+    if (!store.ok()) {
+      // A damaged store is a finding; anything else stops the check.
+      if (!store.status().IsCorruption() && !store.status().IsNotFound()) {
+        return cl.Fail(kCheckOperational, "metadata store " + paths.meta + ": " +
+                                              store.status().message());
+      }
+      r.Error("metadata store " + paths.meta + ": " + store.status().ToString());
+    } else {
+      Result<Superblock> sb = (*store)->ReadSuperblock();
+      Status valid = sb.ok() ? meta::ValidateSuperblock(*sb) : sb.status();
+      if (valid.code() == Status::Code::kNotSupported) {
+        return cl.Fail(kCheckOperational, valid.message());
+      }
+      if (!valid.ok()) {
+        r.Error("superblock: " + valid.ToString());
+      } else if (Status s = CheckOpenPool(paths, *sb, store->get(), read_only, repair, &r);
+                 !s.ok()) {
+        return cl.Fail(kCheckOperational, (repair ? "repair: " : "check: ") + s.ToString());
+      }
     }
+
   }
 
   const bool clean = r.errors_left == 0;

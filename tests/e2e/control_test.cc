@@ -463,3 +463,34 @@ TEST_F(ControlTest, FioVerifiesWhileSnapshotsComeAndGo) {
 
 }  // namespace
 }  // namespace thinfs::testing
+
+namespace thinfs::testing {
+namespace {
+
+TEST_F(ControlTest, CheckReadOnlyWorksWhileMounted) {
+  FormatPool("256M");
+  ASSERT_EQ(MountForeground(), "");
+  ASSERT_EQ(Thinfs({"create", pool_, "vol", "--size", "4M"}).exit_code, 0);
+  {
+    const std::vector<char> data = Pattern(3, 0, 3 * 65536);
+    int fd = open(Vol("vol").c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0) << strerror(errno);
+    ASSERT_EQ(pwrite(fd, data.data(), data.size(), 0), static_cast<ssize_t>(data.size()));
+    close(fd);
+  }
+  ASSERT_EQ(Thinfs({"snapshot", pool_, "vol", "snap"}).exit_code, 0);
+  CommandResult r = Thinfs({"check", pool_, "--read-only", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(ParseJson(r.output)["clean"].boolean) << r.output;
+  EXPECT_EQ(ParseJson(r.output)["devices"].AsUint(), 2u) << r.output;
+  // The checkpoint is gone afterwards.
+  CommandResult ls = RunCommand("ls -A " + ShellQuote(pool_));
+  EXPECT_EQ(ls.output.find(".check-"), std::string::npos) << ls.output;
+  // A check that would write needs the pool unmounted.
+  r = Thinfs({"check", pool_});
+  EXPECT_EQ(r.exit_code, 8) << r.output;
+  EXPECT_NE(r.output.find("--read-only"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace thinfs::testing
