@@ -391,15 +391,17 @@ void ReadsBench(const Config& c, Results* res, std::vector<MetaRow>* meta_rows) 
   const uint64_t o = c.read_origin;
   const uint64_t blocks = o / bs;
   const uint64_t churn = std::max<uint64_t>(1, blocks / 100);
-  // Four origins + the COW copies of the churned one, with slack.
-  const uint64_t pool_size = 4 * o + 2 * churn * bs * c.read_snapshots + 64 * bs;
+  // Five origins + the COW copies of the churned one, with slack.
+  const uint64_t pool_size = 5 * o + 2 * churn * bs * c.read_snapshots + 64 * bs;
   BenchPool bp(c.dir + "/engine_bench_reads", pool_size, bs, false);
   // static0/staticN: never rewritten; churn0/churnN: 1% of blocks rewritten
   // (4 KiB at the block start, same blocks in both) after every snapshot of
-  // churnN, so churnN's blocks carry up to N+1 versions.
-  const std::vector<std::string> names = {"static0", "staticN", "churn0", "churnN"};
+  // churnN, so churnN's blocks carry up to N+1 versions. control0 is an A/A
+  // control: a second origin without snapshots, created last, so that
+  // static0 vs control0 shows what device id and data placement alone do.
+  const std::vector<std::string> names = {"static0", "staticN", "churn0", "churnN", "control0"};
   std::map<std::string, std::shared_ptr<Volume>> vols;
-  std::fprintf(stderr, "(b) filling 4 origins of %s, %d snapshots...\n", SizeName(o).c_str(),
+  std::fprintf(stderr, "(b) filling 5 origins of %s, %d snapshots...\n", SizeName(o).c_str(),
                c.read_snapshots);
   for (size_t i = 0; i < names.size(); ++i) {
     vols[names[i]] = bp.Create(names[i], o);
@@ -464,7 +466,7 @@ void ReadsBench(const Config& c, Results* res, std::vector<MetaRow>* meta_rows) 
     }
   }
   MeasureMetadata(bp,
-                  "4 volumes of " + SizeName(o) + ", 2 of them with " +
+                  "5 volumes of " + SizeName(o) + ", 2 of them with " +
                       std::to_string(c.read_snapshots) + " snapshots, one rewritten 1%/snapshot",
                   meta_rows);
 }
@@ -625,7 +627,7 @@ void Report(const Config& c, const std::string& cmdline, Results* res,
 
   if (c.only.find('b') != std::string::npos) {
     out << "### (b) Origin reads with 0 vs " << c.read_snapshots << " snapshots\n\n"
-        << "Four " << SizeName(c.read_origin) << " origins in one pool (64 KiB blocks), "
+        << "Five " << SizeName(c.read_origin) << " origins in one pool (64 KiB blocks), "
         << "single thread, `Volume::Read` straight on the engine. *static*: snapshots taken "
            "with no writes between them; *churned*: after every snapshot 1% of the origin's "
            "blocks get a 4 KiB rewrite (COW: the origin then holds several versions of those "
@@ -635,21 +637,25 @@ void Report(const Config& c, const std::string& cmdline, Results* res,
         << c.seq_passes << " passes of 1 MiB reads; random: " << c.rand_reads
         << " 4 KiB reads at fixed random offsets. Goal: ratio ≥ 0.95.\n\n"
         << "| origin | workload | 0 snapshots | " << c.read_snapshots
-        << " snapshots | ratio | goal ≥ 0.95 |\n|---|---|---:|---:|---:|---|\n";
-    for (const char* kind : {"static", "churn"}) {
+        << " snapshots (control: 0) | ratio | goal ≥ 0.95 |\n|---|---|---:|---:|---:|---|\n";
+    for (const char* kind : {"static", "churn", "control"}) {
       for (const char* wl : {"seqread_mibs", "seqread_cpu", "randread_iops", "randread_cpu"}) {
-        const auto& z = res->Get(std::string("b.") + kind + "0." + wl);
-        const auto& n = res->Get(std::string("b.") + kind + "N." + wl);
+        const bool control = std::string(kind) == "control";
+        const auto& z = res->Get(std::string("b.") + (control ? "static" : kind) + "0." + wl);
+        const auto& n = res->Get(std::string("b.") + (control ? "control0" : std::string(kind) + "N") + "." + wl);
         auto r = Ratios(n, z);
         const std::string w = wl;
         const char* label = w == "seqread_mibs"   ? "1 MiB seq read (MiB/s)"
                             : w == "seqread_cpu"  ? "1 MiB seq read (MiB per CPU-s)"
                             : w == "randread_iops" ? "4 KiB random read (IOPS)"
                                                    : "4 KiB random read (reads per CPU-s)";
-        out << "| " << (std::string(kind) == "static" ? "static" : "churned") << " | " << label
+        out << "| "
+            << (control ? "A/A control: static vs a 2nd origin, both without snapshots"
+                        : std::string(kind) == "static" ? "static" : "churned")
+            << " | " << label
             << " | "
             << Cell(z, 0) << " | " << Cell(n, 0) << " | " << Cell(r, 3) << " | "
-            << Verdict(r, 0.95, false) << " |\n";
+            << (control ? "(noise floor)" : Verdict(r, 0.95, false)) << " |\n";
       }
     }
     out << "\n";

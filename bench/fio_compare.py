@@ -307,7 +307,13 @@ def machine():
                     break
     except OSError:
         pass
+    try:
+        with open("/proc/loadavg") as fh:
+            load = " ".join(fh.read().split()[:3])
+    except OSError:
+        load = "n/a"
     return {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "loadavg": load,
             "nproc": out(["nproc"]), "cpu": cpu, "kernel": platform.release(),
             "free_h": out(["free", "-h"]), "fio": out(["fio", "--version"])}
 
@@ -318,7 +324,9 @@ def report(args, cmdline, results, fs_type, mach, jobs, targets):
     L.append(f"```\n{cmdline}\n```\n")
     L.append(f"- date: {mach['date']}; kernel {mach['kernel']}; {mach['nproc']} CPUs "
              f"({mach['cpu']}); {mach['fio']}; files on {fs_type} "
-             f"(`{args.dir}`).")
+             f"(`{args.dir}`); load average at start {mach['loadavg_start']}, at end "
+             f"{mach['loadavg']} (the machine is shared: a FUSE request needs two extra "
+             "wake-ups, which wait for a CPU when others keep both busy).")
     L.append("- `free -h`:\n\n```\n" + mach["free_h"] + "\n```\n")
     L.append(f"- {args.rounds} round(s), targets interleaved job by job; size "
              f"{args.size // MiB} MiB; random jobs {args.runtime} s time-based; "
@@ -442,6 +450,7 @@ def main():
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, on_signal)
 
+    load_start = machine()["loadavg"]
     stack = Stack(args)
     try:
         log(f"setting up in {stack.work}")
@@ -467,6 +476,7 @@ def main():
                         f"{v[job[5]]:10.1f} {job[5]}")
                     settle(target, args.cache == "cold")
         mach = machine()
+        mach["loadavg_start"] = load_start
         md = report(args, cmdline, results, fs_type, mach, jobs, targets)
         print(md)
         if args.markdown:
