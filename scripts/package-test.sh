@@ -43,7 +43,16 @@ if [[ ${#tools[@]} -gt 0 ]]; then
     { apt-get update -q && apt-get install -y -q --no-install-recommends "${tools[@]}"; }
 fi
 
-if [[ ${THINFS_PKG_KEEP_BUILD:-0} == 1 ]] && compgen -G 'build-pkg/thinfs_*.deb' >/dev/null; then
+# THINFS_PKG_BUILD_DIR: package an existing build tree configured with
+# -DCMAKE_INSTALL_PREFIX=/usr (scripts/test.sh reuses its Debug build
+# instead of compiling a Release one) rather than build-pkg/.
+PKG=${THINFS_PKG_BUILD_DIR:-build-pkg}
+if [[ $PKG != build-pkg ]]; then
+  say "cpack -G DEB in $PKG/ (an existing build)"
+  cmake --build "$PKG" -j2 --target thinfs thinfs_man
+  rm -f "$PKG"/thinfs_*.deb
+  (cd "$PKG" && cpack -G DEB)
+elif [[ ${THINFS_PKG_KEEP_BUILD:-0} == 1 ]] && compgen -G 'build-pkg/thinfs_*.deb' >/dev/null; then
   say "reusing $(ls build-pkg/thinfs_*.deb)"
 else
   say "Release build and cpack -G DEB in build-pkg/"
@@ -54,8 +63,8 @@ else
   rm -f build-pkg/thinfs_*.deb
   (cd build-pkg && cpack -G DEB)
 fi
-debs=(build-pkg/thinfs_*.deb)
-[[ ${#debs[@]} -eq 1 && -f ${debs[0]} ]] || fail "expected one build-pkg/thinfs_*.deb, got ${debs[*]}"
+debs=("$PKG"/thinfs_*.deb)
+[[ ${#debs[@]} -eq 1 && -f ${debs[0]} ]] || fail "expected one $PKG/thinfs_*.deb, got ${debs[*]}"
 DEB=$SRC/${debs[0]}
 
 say "package $(basename "$DEB")"
@@ -80,7 +89,7 @@ for f in ./usr/bin/thinfs ./usr/sbin/mount.thinfs ./lib/systemd/system/thinfs@.s
 done
 pass "the package holds the binary, mount helper, unit, man page, completion, docs"
 stage=$(mktemp -d /tmp/thinfs-stage.XXXXXX)
-DESTDIR=$stage cmake --install build-pkg --strip >/dev/null
+DESTDIR=$stage cmake --install "$PKG" --strip >/dev/null
 staged=$(cd "$stage" && find . -type f | sort)
 rm -rf "$stage"
 [[ $staged == "$(awk '$1 ~ /^-/ {print $6}' <<<"$contents" | sort)" ]] ||
