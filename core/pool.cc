@@ -975,6 +975,22 @@ struct Pool::Impl {
     return devices.at(it->second);
   }
 
+  // Stops the periodic commit and the collector and waits for them.
+  void StopBackground() {
+    {
+      MutexLock l(&timer_mu);
+      timer_stop = true;
+      timer_cv.SignalAll();
+    }
+    {
+      MutexLock l(&gc_mu);
+      gc_stop = true;
+      gc_cv.SignalAll();
+    }
+    if (commit_thread.joinable()) commit_thread.join();
+    if (gc_thread.joinable()) gc_thread.join();
+  }
+
   Status ResizeLocked(VolumeState& st, uint64_t new_size);
   Status DiscardRange(VolumeState& st, uint64_t offset, uint64_t length);
   Status RebuildSpaceMap();
@@ -1358,18 +1374,7 @@ Status Pool::Close() {
   Impl& p = *impl_;
   if (p.closed) return Status::Ok();
   p.closed = true;
-  {
-    MutexLock l(&p.timer_mu);
-    p.timer_stop = true;
-    p.timer_cv.SignalAll();
-  }
-  {
-    MutexLock l(&p.gc_mu);
-    p.gc_stop = true;
-    p.gc_cv.SignalAll();
-  }
-  if (p.commit_thread.joinable()) p.commit_thread.join();
-  if (p.gc_thread.joinable()) p.gc_thread.join();
+  p.StopBackground();
   if (p.options.read_only) return Status::Ok();
   {
     // The collector's queues live in memory: persist them as whole-device
@@ -1401,18 +1406,7 @@ Status Pool::Close() {
 void Pool::AbandonForTesting() {
   Impl& p = *impl_;
   p.closed = true;
-  {
-    MutexLock l(&p.timer_mu);
-    p.timer_stop = true;
-    p.timer_cv.SignalAll();
-  }
-  {
-    MutexLock l(&p.gc_mu);
-    p.gc_stop = true;
-    p.gc_cv.SignalAll();
-  }
-  if (p.commit_thread.joinable()) p.commit_thread.join();
-  if (p.gc_thread.joinable()) p.gc_thread.join();
+  p.StopBackground();
 }
 
 Status Pool::ValidateName(const std::string& name) {

@@ -435,6 +435,13 @@ Status ValidateSuperblock(const Superblock& sb) {
   return Status::Ok();
 }
 
+std::string DataPathOf(const PoolPaths& paths) {
+  char buf[4096];
+  ssize_t n = ::readlink(paths.data.c_str(), buf, sizeof buf);
+  if (n > 0 && static_cast<size_t>(n) < sizeof buf) return std::string(buf, static_cast<size_t>(n));
+  return paths.data;
+}
+
 Result<PoolFiles> OpenPoolFiles(const std::string& root, const OpenOptions& options) {
   PoolFiles f;
   f.paths = PoolPaths::For(root);

@@ -136,6 +136,10 @@ Result<uint64_t> DataAreaBytes(const std::string& path);
 // geometry. Returns kNotFound (no such pool), kBusy (locked), kCorruption
 // (a damaged or inconsistent part, named in the message), or the errno
 // status of the failing step. Every message names the pool part.
+// Where the data lives: the symlink target for `format --data`, else the
+// pool's own file POOL/data.
+std::string DataPathOf(const PoolPaths& paths);
+
 Result<PoolFiles> OpenPoolFiles(const std::string& root, const OpenOptions& options);
 
 // "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx".

@@ -25,14 +25,6 @@ namespace thinfs::tools {
 
 namespace {
 
-// Where the data lives: the symlink target for `format --data`, else the
-// pool's own file.
-std::string DataPathOf(const meta::PoolPaths& paths) {
-  char buf[4096];
-  ssize_t n = ::readlink(paths.data.c_str(), buf, sizeof buf);
-  if (n > 0 && static_cast<size_t>(n) < sizeof buf) return std::string(buf, static_cast<size_t>(n));
-  return paths.data;
-}
 
 int PrintReply(const CommandLine& cl, const AdminReply& reply, bool json) {
   if (reply.exit_code != kAdminOk) {
@@ -55,7 +47,7 @@ AdminReply RunDirect(const std::string& pool_dir, const AdminRequest& request, b
   if (!files.ok()) return AdminReply::Error(kAdminFailure, files.status().message());
   AdminContext ctx;
   ctx.pool_root = files->paths.root;
-  ctx.data_path = DataPathOf(files->paths);
+  ctx.data_path = meta::DataPathOf(files->paths);
   ctx.create_attrs.uid = ::geteuid();
   ctx.create_attrs.gid = ::getegid();
 

@@ -20,14 +20,6 @@ namespace thinfs::tools {
 
 namespace {
 
-// Where the data lives: the symlink target for `format --data`, else the
-// pool's own file.
-std::string DataPathOf(const meta::PoolPaths& paths) {
-  char buf[4096];
-  ssize_t n = ::readlink(paths.data.c_str(), buf, sizeof buf);
-  if (n > 0 && static_cast<size_t>(n) < sizeof buf) return std::string(buf, static_cast<size_t>(n));
-  return paths.data;
-}
 
 }  // namespace
 
@@ -82,7 +74,7 @@ int RunFormat(const std::vector<std::string>& args) {
                                                     files.status().message());
   const Superblock& sb = files->superblock;
   const uint64_t data_bytes = sb.data_blocks * sb.block_size;
-  const std::string data_path = DataPathOf(files->paths);
+  const std::string data_path = meta::DataPathOf(files->paths);
   const std::string uuid = meta::FormatUuid(sb.uuid);
   if (cl.Get<bool>("json")) {
     JsonWriter j;
@@ -157,7 +149,7 @@ int RunStatus(const std::vector<std::string>& args) {
   report.pool = files->paths.root;
   report.uuid = meta::FormatUuid(sb.uuid);
   report.created_ns = sb.created_ns;
-  report.data_path = DataPathOf(files->paths);
+  report.data_path = meta::DataPathOf(files->paths);
   report.block_size = sb.block_size;
   report.data_blocks = sb.data_blocks;
   report.free_blocks = files->bitmap->free_blocks();
