@@ -364,6 +364,10 @@ std::string FormatStatusText(const PoolStatusReport& r) {
                              std::to_string(c.cow_copies) + ", discards " +
                              std::to_string(c.discards) + ", commits " +
                              std::to_string(c.commits));
+    line("commit latency:", "p50 " + std::to_string(c.commit_p50_us) + " us, p90 " +
+                                std::to_string(c.commit_p90_us) + " us, p99 " +
+                                std::to_string(c.commit_p99_us) + " us, max " +
+                                std::to_string(c.commit_max_us) + " us");
     line("gc backlog:", std::to_string(c.gc_backlog));
   }
   return out;
@@ -403,6 +407,10 @@ std::string FormatStatusJson(const PoolStatusReport& r) {
         .Key("discards").Uint(c.discards)
         .Key("commits").Uint(c.commits)
         .Key("gc_backlog").Uint(c.gc_backlog)
+        .Key("commit_p50_us").Uint(c.commit_p50_us)
+        .Key("commit_p90_us").Uint(c.commit_p90_us)
+        .Key("commit_p99_us").Uint(c.commit_p99_us)
+        .Key("commit_max_us").Uint(c.commit_max_us)
         .EndObject();
   }
   j.EndObject();

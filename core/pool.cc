@@ -223,6 +223,16 @@ struct Pool::Impl {
   std::thread gc_thread;
   bool closed = false;
 
+  // ---- Commit latency: a ring of the last kLatencySamples commits ----
+  static constexpr size_t kLatencySamples = 1024;
+  mutable Mutex latency_mu;
+  std::vector<uint64_t> latency_us GUARDED_BY(latency_mu);
+  size_t latency_next GUARDED_BY(latency_mu) = 0;
+
+  void Log(int level, const std::string& message) const {
+    if (options.log) options.log(level, message);
+  }
+
   // ---- Counters (relaxed; statistics only) ----
   std::atomic<uint64_t> n_reads{0}, n_writes{0}, n_provisions{0}, n_cow{0}, n_discards{0},
       n_commits{0};
@@ -671,20 +681,47 @@ struct Pool::Impl {
         }
       }
     }
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point t0 = Clock::now();
     Status s = data->Sync();
+    const Clock::time_point t1 = Clock::now();
     if (s.ok()) s = space->Sync(superblock.transaction_id + 1);
+    const Clock::time_point t2 = Clock::now();
     if (s.ok()) {
       superblock.transaction_id++;
       batch.superblock = superblock;
       s = store->Commit(batch, /*sync=*/true);
       if (!s.ok()) superblock.transaction_id--;
     }
+    const Clock::time_point t3 = Clock::now();
     if (!s.ok()) {
       // Keep the frozen edits readable so that memory stays consistent, but
       // stop changing anything: the on-disk state is the last commit.
       failure = s.ToString();
       failed.store(true);
+      Log(0, "commit failed, the pool stops writing until 'thinfs check': " + failure);
       return s;
+    }
+    auto us = [](Clock::duration d) {
+      return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(d).count());
+    };
+    {
+      MutexLock l(&latency_mu);
+      if (latency_us.size() < kLatencySamples) {
+        latency_us.push_back(us(t3 - t0));
+      } else {
+        latency_us[latency_next] = us(t3 - t0);
+      }
+      latency_next = (latency_next + 1) % kLatencySamples;
+    }
+    if (t3 - t0 > options.slow_commit) {
+      Log(1, "slow commit " + std::to_string(superblock.transaction_id) + ": " +
+                 std::to_string(us(t3 - t0) / 1000) + " ms (data sync " +
+                 std::to_string(us(t1 - t0) / 1000) + " ms, bitmap " +
+                 std::to_string(us(t2 - t1) / 1000) + " ms, metadata " +
+                 std::to_string(us(t3 - t2) / 1000) + " ms; " +
+                 std::to_string(batch.put_mappings.size() + batch.delete_mappings.size()) +
+                 " mapping changes)");
     }
     transaction_id.store(superblock.transaction_id);
     for (Shard& sh : shards) {
@@ -1351,6 +1388,11 @@ Result<std::unique_ptr<Pool>> Pool::Open(std::unique_ptr<BlockDevice> data,
       MutexLock d(&p.devices_mu);
       MutexLock l(&p.gc_mu);
       for (auto& [id, st] : p.devices) p.gc_devices.insert(id);
+      p.Log(2, "recovery: the pool was not closed cleanly; rebuilt the allocation bitmap "
+               "from the block map of transaction " + std::to_string(sb.transaction_id) + " (" +
+               std::to_string(p.space->total_blocks() - p.space->free_blocks()) +
+               " blocks in use) and queued " + std::to_string(p.devices.size()) +
+               " devices for garbage collection");
     }
     THINFS_RETURN_IF_ERROR(p.space->MarkDirty());
   }
@@ -1916,6 +1958,18 @@ PoolStats Pool::Stats() const {
   {
     MutexLock l(&p.gc_mu);
     s.gc_backlog = p.gc_devices.size() + p.gc_candidates.size();
+  }
+  {
+    MutexLock l(&p.latency_mu);
+    std::vector<uint64_t> v = p.latency_us;
+    if (!v.empty()) {
+      std::sort(v.begin(), v.end());
+      auto pct = [&](size_t q) { return v[std::min(v.size() - 1, v.size() * q / 100)]; };
+      s.commit_p50_us = pct(50);
+      s.commit_p90_us = pct(90);
+      s.commit_p99_us = pct(99);
+      s.commit_max_us = v.back();
+    }
   }
   s.read_only = p.options.read_only || p.failed.load();
   return s;

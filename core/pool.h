@@ -30,6 +30,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -63,6 +64,11 @@ struct PoolOptions {
   // Use division instead of shift/mask even for power-of-two block sizes
   // (benchmarks compare the two).
   bool force_generic_geometry_for_testing = false;
+  // Where the engine reports events worth a log line (recovery, slow or
+  // failed commits): level 0 error, 1 warning, 2 info. Empty: silent.
+  std::function<void(int level, const std::string& message)> log;
+  // A commit slower than this is logged as a warning.
+  std::chrono::milliseconds slow_commit{1000};
 };
 
 // Ownership, permission and times of a device file.
@@ -112,6 +118,12 @@ struct PoolStats {
   uint64_t discards = 0;
   uint64_t commits = 0;
   uint64_t gc_backlog = 0;  // devices and candidate blocks waiting for GC
+  // Latency of the last (up to 1024) commits that wrote something, in
+  // microseconds: 50th, 90th and 99th percentile and the maximum.
+  uint64_t commit_p50_us = 0;
+  uint64_t commit_p90_us = 0;
+  uint64_t commit_p99_us = 0;
+  uint64_t commit_max_us = 0;
   bool read_only = false;
 };
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "tests/util/engine_fixture.h"
@@ -488,6 +489,46 @@ TEST(PoolTest, UsageSplitsExclusiveAndShared) {
   ou = f.pool->ComputeUsage(o->id());
   ASSERT_TRUE(ou.ok());
   EXPECT_EQ(ou->exclusive_blocks, 8u);
+}
+
+TEST(PoolTest, LogsRecoverySlowCommitsAndKeepsCommitLatency) {
+  auto messages = std::make_shared<std::vector<std::string>>();
+  auto mu = std::make_shared<std::mutex>();
+  PoolOptions o = EngineFixture::DefaultOptions();
+  o.slow_commit = std::chrono::milliseconds(-1);  // every commit is "slow"
+  o.log = [messages, mu](int level, const std::string& m) {
+    std::lock_guard<std::mutex> l(*mu);
+    messages->push_back(std::to_string(level) + " " + m);
+  };
+  EngineFixture f(kBs, 64, o);
+  ASSERT_TRUE(f.pool->CreateDevice("v", 8 * kBs).ok());
+  auto v = Open(*f.pool, "v");
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_OK(v->Write(i * 100, Pattern(kBs, i)));
+    ASSERT_OK(v->Flush());
+  }
+  PoolStats st = f.pool->Stats();
+  EXPECT_GE(st.commits, 10u);
+  EXPECT_LE(st.commit_p50_us, st.commit_p90_us);
+  EXPECT_LE(st.commit_p90_us, st.commit_p99_us);
+  EXPECT_LE(st.commit_p99_us, st.commit_max_us);
+  auto has = [&](const std::string& needle) {
+    std::lock_guard<std::mutex> l(*mu);
+    for (const std::string& m : *messages) {
+      if (m.find(needle) != std::string::npos) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(has("1 slow commit"));
+  EXPECT_FALSE(has("recovery"));
+  v.reset();
+  f.Crash();
+  EXPECT_TRUE(has("2 recovery: the pool was not closed cleanly"));
+  f.store->FailNextCommit();
+  v = Open(*f.pool, "v");
+  ASSERT_OK(v->Write(0, Pattern(kBs, 99)));
+  EXPECT_FALSE(f.pool->Commit().ok());
+  EXPECT_TRUE(has("0 commit failed"));
 }
 
 TEST(PoolTest, ConcurrentWritersProvisionABlockOnce) {
