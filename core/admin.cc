@@ -34,7 +34,7 @@ const std::vector<CommandSpec>& Specs() {
       {"delete", {"name"}},         {"resize", {"name", "size"}},
       {"rename", {"from", "to"}},   {"list", {}},
       {"status", {}},               {"mountpoint", {}},
-      {"checkpoint", {"dir"}},
+      {"checkpoint", {"dir"}},      {"grow", {"size"}},
   };
   return kSpecs;
 }
@@ -156,6 +156,8 @@ AdminReply PoolStatus(Pool& pool, const AdminContext& ctx) {
   // The engine holds the bitmap open (marked in use) while it runs.
   r.bitmap_clean = false;
   r.mountpoint = ctx.mountpoint;
+  r.low_water_blocks = st.low_water_blocks;
+  r.below_low_water = st.below_low_water;
   r.counters = st;
   AdminReply reply;
   reply.text = FormatStatusText(r);
@@ -233,6 +235,35 @@ AdminReply Dispatch(Pool& pool, const AdminRequest& req, const AdminContext& ctx
     reply.text = "deleted device " + name + "\n";
     JsonWriter j;
     j.BeginObject().Key("name").String(name).Key("deleted").Bool(true).EndObject();
+    reply.json = j.str();
+    return reply;
+  }
+  if (cmd == "grow") {
+    Result<uint64_t> size = ParseSize(arg("size"));
+    if (!size.ok()) return AdminReply::Error(kAdminUsage, "size: " + size.status().message());
+    const PoolStats before = pool.Stats();
+    const uint64_t blocks = *size / before.block_size;
+    if (blocks < before.data_blocks) {
+      return AdminReply::Error(kAdminUsage,
+                               "shrinking a pool is not supported: it holds " +
+                                   FormatSize(before.data_blocks * before.block_size) +
+                                   ", asked for " + FormatSize(blocks * before.block_size));
+    }
+    Status s = pool.Grow(blocks);
+    if (!s.ok()) return FromStatus(s);
+    const PoolStats after = pool.Stats();
+    AdminReply reply;
+    reply.text = "grew pool from " + FormatSize(before.data_blocks * before.block_size) + " to " +
+                 FormatSize(after.data_blocks * after.block_size) + " (" +
+                 std::to_string(after.data_blocks) + " blocks, " +
+                 std::to_string(after.free_blocks) + " free)\n";
+    JsonWriter j;
+    j.BeginObject()
+        .Key("old_data_blocks").Uint(before.data_blocks)
+        .Key("data_blocks").Uint(after.data_blocks)
+        .Key("data_bytes").Uint(after.data_blocks * after.block_size)
+        .Key("free_blocks").Uint(after.free_blocks)
+        .EndObject();
     reply.json = j.str();
     return reply;
   }
@@ -355,6 +386,13 @@ std::string FormatStatusText(const PoolStatusReport& r) {
   line("devices:", std::to_string(r.devices));
   line("transaction id:", std::to_string(r.transaction_id));
   line("bitmap:", bitmap);
+  if (r.low_water_blocks == 0) {
+    line("low water:", "off");
+  } else {
+    line("low water:", std::to_string(r.low_water_blocks) + " blocks (" +
+                           FormatSize(r.low_water_blocks * r.block_size) + "), free space " +
+                           (r.below_low_water ? "BELOW the mark" : "above the mark"));
+  }
   if (!r.mountpoint.empty()) line("mounted on:", r.mountpoint);
   if (r.counters) {
     const PoolStats& c = *r.counters;
@@ -389,6 +427,8 @@ std::string FormatStatusJson(const PoolStatusReport& r) {
       .Key("devices").Uint(r.devices)
       .Key("transaction_id").Uint(r.transaction_id)
       .Key("bitmap_clean").Bool(r.bitmap_clean)
+      .Key("low_water_blocks").Uint(r.low_water_blocks)
+      .Key("below_low_water").Bool(r.below_low_water)
       .Key("mounted").Bool(!r.mountpoint.empty())
       .Key("mountpoint");
   if (r.mountpoint.empty()) {

@@ -44,6 +44,8 @@ inline constexpr int kAdminFailure = 2;  // the operation failed (no such device
 //   rename      from, to
 //   list
 //   status
+//   grow        size                    grows the data area to size (ParseSize);
+//                                       refuses to shrink
 //   mountpoint                          (daemon only) where the pool is mounted
 // Every command takes json=0|1 (default 0): the reply's `json` is filled in
 // either case; `text` only without it.
@@ -108,6 +110,10 @@ struct PoolStatusReport {
   uint64_t transaction_id = 0;
   bool bitmap_clean = false;
   std::string mountpoint;  // "" when not mounted
+  // The mount's low-water mark in blocks (0: off, always when unmounted)
+  // and whether free blocks are below it.
+  uint64_t low_water_blocks = 0;
+  bool below_low_water = false;
   // Engine counters since the daemon opened the pool (mounted only).
   std::optional<PoolStats> counters;
 };
@@ -116,7 +122,7 @@ struct PoolStatusReport {
 std::string FormatStatusText(const PoolStatusReport& r);
 // One JSON object: pool, uuid, created, created_ns, data_path, data_bytes,
 // block_size, data_blocks, used_blocks, free_blocks, devices,
-// transaction_id, bitmap_clean, mounted, mountpoint (string or null), and
+// transaction_id, bitmap_clean, low_water_blocks, below_low_water, mounted, mountpoint (string or null), and
 // when mounted "counters": {reads, writes, provisions, cow_copies, discards,
 // commits, gc_backlog}.
 std::string FormatStatusJson(const PoolStatusReport& r);

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace thinfs {
@@ -176,6 +177,38 @@ Status FileBlockDevice::Discard(PoolBlock block, uint64_t count) {
     if (errno == EOPNOTSUPP) return Status::Ok();
     return Status::FromErrno(errno, "punch data");
   }
+  return Status::Ok();
+}
+
+Status BlockDevice::Grow(uint64_t /*new_data_blocks*/) {
+  return Status::NotSupported("this data area cannot grow");
+}
+
+Status FileBlockDevice::Grow(uint64_t new_data_blocks) {
+  if (new_data_blocks < geometry_.data_blocks()) {
+    return Status::InvalidArgument("the data area cannot shrink");
+  }
+  const uint64_t need = geometry_.BytesOf(new_data_blocks);
+  uint64_t have = 0;
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) return Status::FromErrno(errno, "stat data area");
+  if (is_blockdev_) {
+    if (::ioctl(fd_, BLKGETSIZE64, &have) != 0) return Status::FromErrno(errno, "BLKGETSIZE64");
+  } else {
+    have = static_cast<uint64_t>(st.st_size);
+  }
+  if (have >= need) return Status::Ok();
+  if (is_blockdev_ || fixed_size_) {
+    return Status::NoSpace(std::string("the data ") + (is_blockdev_ ? "device" : "file") +
+                           " holds " + std::to_string(have) + " bytes, " + std::to_string(need) +
+                           " are needed: enlarge it first");
+  }
+  // A sparse extension: the new blocks cost nothing until written. The
+  // size must be durable before the bitmap names the new blocks.
+  if (::ftruncate(fd_, static_cast<off_t>(need)) != 0) {
+    return Status::FromErrno(errno, "extend data area");
+  }
+  if (::fsync(fd_) != 0) return Status::FromErrno(errno, "fsync data area");
   return Status::Ok();
 }
 

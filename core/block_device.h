@@ -56,6 +56,15 @@ class BlockDevice {
   // write. The default writes zero buffers.
   virtual Status WriteZeroes(PoolBlock block, uint64_t count);
 
+  // Makes blocks up to `new_data_blocks` addressable. A regular file is
+  // extended (sparse, ftruncate) and the new size synced unless fixed in
+  // size; a block device must already hold them. Returns kNoSpace when the
+  // device is too small, kInvalidArgument when new_data_blocks is below the
+  // current count, or the errno status. The default returns kNotSupported.
+  virtual Status Grow(uint64_t new_data_blocks);
+
+  // The geometry at open; Grow() extends the addressable blocks beyond
+  // geometry().data_blocks() without changing it.
   virtual const Geometry& geometry() const = 0;
 };
 
@@ -77,7 +86,12 @@ class FileBlockDevice final : public BlockDevice {
   Status Sync() override;
   Status Discard(PoolBlock block, uint64_t count) override;
   Status WriteZeroes(PoolBlock block, uint64_t count) override;
+  Status Grow(uint64_t new_data_blocks) override;
   const Geometry& geometry() const override { return geometry_; }
+
+  // A regular file that Grow() must not extend (one the user gave with
+  // `format --data`: it is theirs to size). Call before sharing the object.
+  void set_fixed_size(bool fixed) { fixed_size_ = fixed; }
 
   int fd() const { return fd_; }
   bool direct() const { return direct_; }
@@ -90,6 +104,7 @@ class FileBlockDevice final : public BlockDevice {
   const Geometry geometry_;
   const bool direct_;
   const bool is_blockdev_;
+  bool fixed_size_ = false;  // set before use, read-only after
 };
 
 }  // namespace thinfs

@@ -10,6 +10,7 @@ namespace thinfs {
 FaultInjectionBlockDevice::FaultInjectionBlockDevice(const Geometry& geometry, uint64_t seed)
     : geometry_(geometry),
       seed_(seed),
+      data_blocks_(geometry.data_blocks()),
       durable_(geometry.block_size()),
       current_(geometry.block_size()),
       rng_(seed) {}
@@ -20,7 +21,7 @@ bool FaultInjectionBlockDevice::ShouldFail() {
 }
 
 Status FaultInjectionBlockDevice::Read(PoolBlock block, uint64_t offset, std::span<std::byte> buf) {
-  THINFS_CHECK(block.value < geometry_.data_blocks());
+  THINFS_CHECK(block.value < data_blocks_.load(std::memory_order_acquire));
   MutexLock l(&mu_);
   if (ShouldFail()) return Status::FromErrno(EIO, "injected read fault");
   current_.Read(block.value, offset, buf);
@@ -29,7 +30,7 @@ Status FaultInjectionBlockDevice::Read(PoolBlock block, uint64_t offset, std::sp
 
 Status FaultInjectionBlockDevice::Write(PoolBlock block, uint64_t offset,
                                         std::span<const std::byte> buf) {
-  THINFS_CHECK(block.value < geometry_.data_blocks());
+  THINFS_CHECK(block.value < data_blocks_.load(std::memory_order_acquire));
   MutexLock l(&mu_);
   if (ShouldFail()) return Status::FromErrno(EIO, "injected write fault");
   current_.Write(block.value, offset, buf);
@@ -58,8 +59,8 @@ Status FaultInjectionBlockDevice::Sync() {
 }
 
 Status FaultInjectionBlockDevice::Discard(PoolBlock block, uint64_t count) {
-  THINFS_CHECK(block.value <= geometry_.data_blocks() &&
-               count <= geometry_.data_blocks() - block.value);
+  THINFS_CHECK(block.value <= data_blocks_.load(std::memory_order_acquire) &&
+               count <= data_blocks_.load(std::memory_order_acquire) - block.value);
   MutexLock l(&mu_);
   current_.Discard(block.value, count);
   PendingOp op;
@@ -107,6 +108,14 @@ uint64_t FaultInjectionBlockDevice::sync_count() const {
 size_t FaultInjectionBlockDevice::unsynced_ops() const {
   MutexLock l(&mu_);
   return unsynced_.size();
+}
+
+Status FaultInjectionBlockDevice::Grow(uint64_t new_data_blocks) {
+  if (new_data_blocks < data_blocks_.load(std::memory_order_acquire)) {
+    return Status::InvalidArgument("the data area cannot shrink");
+  }
+  data_blocks_.store(new_data_blocks, std::memory_order_release);
+  return Status::Ok();
 }
 
 }  // namespace thinfs

@@ -18,6 +18,7 @@
 #ifndef THINFS_CORE_FAULT_INJECTION_BLOCK_DEVICE_H_
 #define THINFS_CORE_FAULT_INJECTION_BLOCK_DEVICE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <random>
@@ -48,6 +49,8 @@ class FaultInjectionBlockDevice final : public BlockDevice {
   Status Sync() override;
   // Unsynced like a write: the blocks read as zeros until a crash undoes it.
   Status Discard(PoolBlock block, uint64_t count) override;
+  // Raises the addressable block count; never fails for a larger count.
+  Status Grow(uint64_t new_data_blocks) override;
   const Geometry& geometry() const override { return geometry_; }
 
   // Simulates power loss: current := durable (with torn writes, after the
@@ -83,6 +86,9 @@ class FaultInjectionBlockDevice final : public BlockDevice {
   // Constant after construction.
   const Geometry geometry_;
   const uint64_t seed_;
+
+  // Addressable blocks; atomic so that the range checks take no lock.
+  std::atomic<uint64_t> data_blocks_;
 
   mutable Mutex mu_;
   SparseBlockImage durable_ GUARDED_BY(mu_);

@@ -37,14 +37,14 @@ void SparseBlockImage::Discard(uint64_t block, uint64_t count) {
 }
 
 Status MemBlockDevice::Read(PoolBlock block, uint64_t offset, std::span<std::byte> buf) {
-  THINFS_CHECK(block.value < geometry_.data_blocks());
+  THINFS_CHECK(block.value < data_blocks_.load(std::memory_order_acquire));
   MutexLock l(&mu_);
   image_.Read(block.value, offset, buf);
   return Status::Ok();
 }
 
 Status MemBlockDevice::Write(PoolBlock block, uint64_t offset, std::span<const std::byte> buf) {
-  THINFS_CHECK(block.value < geometry_.data_blocks());
+  THINFS_CHECK(block.value < data_blocks_.load(std::memory_order_acquire));
   MutexLock l(&mu_);
   image_.Write(block.value, offset, buf);
   return Status::Ok();
@@ -53,8 +53,8 @@ Status MemBlockDevice::Write(PoolBlock block, uint64_t offset, std::span<const s
 Status MemBlockDevice::Sync() { return Status::Ok(); }
 
 Status MemBlockDevice::Discard(PoolBlock block, uint64_t count) {
-  THINFS_CHECK(block.value <= geometry_.data_blocks() &&
-               count <= geometry_.data_blocks() - block.value);
+  THINFS_CHECK(block.value <= data_blocks_.load(std::memory_order_acquire) &&
+               count <= data_blocks_.load(std::memory_order_acquire) - block.value);
   MutexLock l(&mu_);
   image_.Discard(block.value, count);
   return Status::Ok();
@@ -63,6 +63,14 @@ Status MemBlockDevice::Discard(PoolBlock block, uint64_t count) {
 size_t MemBlockDevice::resident_blocks() const {
   MutexLock l(&mu_);
   return image_.resident_blocks();
+}
+
+Status MemBlockDevice::Grow(uint64_t new_data_blocks) {
+  if (new_data_blocks < data_blocks_.load(std::memory_order_acquire)) {
+    return Status::InvalidArgument("the data area cannot shrink");
+  }
+  data_blocks_.store(new_data_blocks, std::memory_order_release);
+  return Status::Ok();
 }
 
 }  // namespace thinfs

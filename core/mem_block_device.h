@@ -10,6 +10,7 @@
 #ifndef THINFS_CORE_MEM_BLOCK_DEVICE_H_
 #define THINFS_CORE_MEM_BLOCK_DEVICE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -44,7 +45,7 @@ class SparseBlockImage {
 class MemBlockDevice final : public BlockDevice {
  public:
   explicit MemBlockDevice(const Geometry& geometry)
-      : geometry_(geometry), image_(geometry.block_size()) {}
+      : geometry_(geometry), data_blocks_(geometry.data_blocks()), image_(geometry.block_size()) {}
   MemBlockDevice(const MemBlockDevice&) = delete;
   MemBlockDevice& operator=(const MemBlockDevice&) = delete;
 
@@ -56,6 +57,8 @@ class MemBlockDevice final : public BlockDevice {
   Status Sync() override;
   // Drops the blocks: they read as zeros afterwards.
   Status Discard(PoolBlock block, uint64_t count) override;
+  // Raises the addressable block count; never fails for a larger count.
+  Status Grow(uint64_t new_data_blocks) override;
   const Geometry& geometry() const override { return geometry_; }
 
   // Number of blocks holding data (discarded and never-written ones don't).
@@ -64,6 +67,9 @@ class MemBlockDevice final : public BlockDevice {
  private:
   // Constant after construction.
   const Geometry geometry_;
+
+  // Addressable blocks; atomic so that the range checks take no lock.
+  std::atomic<uint64_t> data_blocks_;
 
   mutable Mutex mu_;
   SparseBlockImage image_ GUARDED_BY(mu_);

@@ -1,5 +1,7 @@
 #include "core/mem_space_map.h"
 
+#include <string>
+
 #include "core/check.h"
 
 namespace thinfs {
@@ -91,6 +93,24 @@ Status MemSpaceMap::MarkClean(uint64_t /*generation*/) {
 bool MemSpaceMap::IsAllocated(PoolBlock block) const {
   MutexLock l(&mu_);
   return block.value < blocks_ && used_[block.value];
+}
+
+Status MemSpaceMap::Grow(uint64_t new_blocks) {
+  MutexLock l(&mu_);
+  if (new_blocks < blocks_) {
+    return Status::InvalidArgument("space map cannot shrink from " + std::to_string(blocks_) +
+                                   " to " + std::to_string(new_blocks) + " blocks");
+  }
+  // Growth is durable at once, like the bitmap's (its header is synced).
+  used_.resize(new_blocks, false);
+  durable_.resize(new_blocks, false);
+  blocks_ = new_blocks;
+  return Status::Ok();
+}
+
+uint64_t MemSpaceMap::total_blocks() const {
+  MutexLock l(&mu_);
+  return blocks_;
 }
 
 uint64_t MemSpaceMap::free_blocks() const {

@@ -32,7 +32,8 @@ class MemSpaceMap final : public SpaceMap {
   Status MarkDirty() override;
   Status MarkClean(uint64_t generation) override;
   bool IsAllocated(PoolBlock block) const override;
-  uint64_t total_blocks() const override { return blocks_; }
+  Status Grow(uint64_t new_blocks) override;
+  uint64_t total_blocks() const override;
   uint64_t free_blocks() const override;
 
   // Simulates power loss and a fresh open: the in-memory state becomes the
@@ -43,8 +44,8 @@ class MemSpaceMap final : public SpaceMap {
   void FailNextSync();
 
  private:
-  const uint64_t blocks_;
   mutable Mutex mu_;
+  uint64_t blocks_ GUARDED_BY(mu_);
   std::vector<bool> used_ GUARDED_BY(mu_);
   std::vector<bool> durable_ GUARDED_BY(mu_);
   std::vector<PoolBlock> pending_ GUARDED_BY(mu_);

@@ -218,6 +218,12 @@ struct Pool::Impl {
   // Space waiters (no_space_timeout).
   Mutex space_mu;
   CondVar space_cv{&space_mu};
+  // Blocks of the data area: the superblock's data_blocks (Grow raises it
+  // under commit_mu); atomic so that readers take no lock.
+  std::atomic<uint64_t> data_blocks{0};
+  // Low-water state: set by the allocation that crossed the mark, cleared
+  // when free space rises above it; atomic so exactly one crossing reports.
+  std::atomic<bool> below_low_water{false};
 
   std::thread commit_thread;
   std::thread gc_thread;
@@ -231,6 +237,37 @@ struct Pool::Impl {
 
   void Log(int level, const std::string& message) const {
     if (options.log) options.log(level, message);
+  }
+
+  // The space fields of PoolStats, without taking any engine lock.
+  PoolStats SpaceStats() const {
+    PoolStats s;
+    s.block_size = geometry.block_size();
+    s.data_blocks = data_blocks.load();
+    // A space map larger than the superblock (read-only open of a pool
+    // whose grow was interrupted) counts its extra blocks as free.
+    const uint64_t used = space->total_blocks() - space->free_blocks();
+    s.used_blocks = std::min(used, s.data_blocks);
+    s.free_blocks = s.data_blocks - s.used_blocks;
+    s.low_water_blocks = options.low_water_blocks;
+    s.below_low_water = below_low_water.load();
+    return s;
+  }
+
+  // Reports a fall below the low-water mark once, and re-arms above it.
+  void CheckLowWater() {
+    if (options.low_water_blocks == 0 || options.read_only) return;
+    const uint64_t free = space->free_blocks();
+    if (free < options.low_water_blocks) {
+      if (below_low_water.exchange(true)) return;
+      PoolStats s = SpaceStats();
+      Log(1, "pool free space below the low-water mark: " + std::to_string(s.free_blocks) +
+                 " of " + std::to_string(s.data_blocks) + " blocks free (mark " +
+                 std::to_string(options.low_water_blocks) + ")");
+      if (options.on_low_water) options.on_low_water(s);
+    } else if (free > options.low_water_blocks) {
+      below_low_water.store(false);
+    }
   }
 
   // ---- Counters (relaxed; statistics only) ----
@@ -412,6 +449,12 @@ struct Pool::Impl {
 
   // ---- Allocation ----
   Result<PoolBlock> AllocateBlock() {
+    Result<PoolBlock> p = AllocateBlockOrWait();
+    if (p.ok()) CheckLowWater();
+    return p;
+  }
+
+  Result<PoolBlock> AllocateBlockOrWait() {
     Result<PoolBlock> p = space->Allocate();
     if (p.ok() || !p.status().IsNoSpace()) return p;
     // Blocks freed but waiting for a commit would satisfy us: commit now.
@@ -420,7 +463,7 @@ struct Pool::Impl {
     p = space->Allocate();
     if (p.ok() || !p.status().IsNoSpace() || options.no_space_timeout.count() == 0) {
       if (!p.ok() && p.status().IsNoSpace()) {
-        return Status::NoSpace("pool is full (" + std::to_string(geometry.data_blocks()) +
+        return Status::NoSpace("pool is full (" + std::to_string(data_blocks.load()) +
                                " blocks in use)");
       }
       return p;
@@ -734,7 +777,10 @@ struct Pool::Impl {
       refcount_frozen.clear();
     }
     space->Release(frees);
-    if (!frees.empty()) space_cv.SignalAll();
+    if (!frees.empty()) {
+      space_cv.SignalAll();
+      CheckLowWater();
+    }
     n_commits.fetch_add(1, std::memory_order_relaxed);
     return Status::Ok();
   }
@@ -1031,6 +1077,8 @@ struct Pool::Impl {
   Status ResizeLocked(VolumeState& st, uint64_t new_size);
   Status DiscardRange(VolumeState& st, uint64_t offset, uint64_t length);
   Status RebuildSpaceMap();
+  // Commits the superblock with data_blocks = n and publishes n.
+  Status CommitDataBlocks(uint64_t n) REQUIRES(commit_mu);
 };
 
 // ---------------------------------------------------------------------------
@@ -1130,7 +1178,7 @@ Status Pool::Impl::RebuildSpaceMap() {
   for (; it->Valid(); it->Next()) {
     const MapEntry& e = it->entry();
     if (e.value.tombstone()) continue;
-    if (e.value.block.value >= geometry.data_blocks()) {
+    if (e.value.block.value >= data_blocks.load()) {
       return Status::Corruption("mapping of device " + std::to_string(e.device.value) +
                                 " block " + std::to_string(e.vblock.value) +
                                 " points outside the data area (block " +
@@ -1314,18 +1362,30 @@ Result<std::unique_ptr<Pool>> Pool::Open(std::unique_ptr<BlockDevice> data,
   auto impl = std::make_unique<Impl>(std::move(data), std::move(space), std::move(store), options);
   Impl& p = *impl;
   THINFS_ASSIGN_OR_RETURN(Superblock sb, p.store->ReadSuperblock());
-  if (sb.block_size != p.geometry.block_size() || sb.data_blocks != p.geometry.data_blocks()) {
+  if (sb.block_size != p.geometry.block_size() || sb.data_blocks < p.geometry.data_blocks()) {
     return Status::Corruption("superblock geometry does not match the data area");
   }
-  if (sb.data_blocks != p.space->total_blocks()) {
+  // A device opened at an older size (kept across a grow) must reach the
+  // superblock's blocks.
+  if (sb.data_blocks > p.geometry.data_blocks()) {
+    Status s = p.data->Grow(sb.data_blocks);
+    if (!s.ok()) {
+      return Status::Corruption("the data area cannot hold the superblock's " +
+                                std::to_string(sb.data_blocks) + " blocks: " + s.message());
+    }
+  }
+  // A larger space map is a grow interrupted before its superblock commit
+  // (Grow orders them so); it is completed below.
+  if (sb.data_blocks > p.space->total_blocks()) {
     return Status::Corruption("superblock says " + std::to_string(sb.data_blocks) +
-                              " data blocks, bitmap covers " +
+                              " data blocks, bitmap covers only " +
                               std::to_string(p.space->total_blocks()));
   }
   {
     MutexLock c(&p.commit_mu);
     p.superblock = sb;
   }
+  p.data_blocks.store(sb.data_blocks);
   p.transaction_id.store(sb.transaction_id);
   THINFS_ASSIGN_OR_RETURN(std::vector<DeviceRecord> recs, p.store->LoadDevices());
   std::vector<VolumeId> orphans;
@@ -1395,6 +1455,18 @@ Result<std::unique_ptr<Pool>> Pool::Open(std::unique_ptr<BlockDevice> data,
                " devices for garbage collection");
     }
     THINFS_RETURN_IF_ERROR(p.space->MarkDirty());
+    if (p.space->total_blocks() > sb.data_blocks) {
+      const uint64_t n = p.space->total_blocks();
+      THINFS_RETURN_IF_ERROR(p.data->Grow(n).WithContext(
+          "completing an interrupted grow to " + std::to_string(n) + " blocks"));
+      {
+        MutexLock c(&p.commit_mu);
+        THINFS_RETURN_IF_ERROR(p.CommitDataBlocks(n));
+      }
+      p.Log(2, "recovery: completed an interrupted grow from " + std::to_string(sb.data_blocks) +
+                   " to " + std::to_string(n) + " data blocks");
+    }
+    p.CheckLowWater();
   }
   std::unique_ptr<Pool> pool(new Pool(std::move(impl)));
   for (VolumeId id : orphans) {
@@ -1937,13 +2009,57 @@ Status Pool::ShareRange(VolumeId src_id, uint64_t src_offset, VolumeId dst_id,
 
 Status Pool::Commit() { return impl_->Commit(); }
 
+Status Pool::Impl::CommitDataBlocks(uint64_t n) {
+  MetaBatch batch;
+  Superblock sb = superblock;
+  sb.data_blocks = n;
+  batch.superblock = sb;
+  Status s = store->Commit(batch, /*sync=*/true);
+  if (!s.ok()) {
+    // The space map already hands out the new blocks: no mapping of them
+    // may commit under a superblock that does not cover them.
+    failure = s.ToString();
+    failed.store(true);
+    Log(0, "grow failed to commit, the pool stops writing until 'thinfs check': " + failure);
+    return s;
+  }
+  superblock = sb;
+  data_blocks.store(n);
+  return Status::Ok();
+}
+
+Status Pool::Grow(uint64_t new_data_blocks) {
+  Impl& p = *impl_;
+  THINFS_RETURN_IF_ERROR(p.CheckWritable());
+  uint64_t old_blocks;
+  {
+    // commit_mu keeps every commit out until the superblock covers the
+    // new blocks (they are allocatable as soon as the space map grows).
+    MutexLock c(&p.commit_mu);
+    old_blocks = p.data_blocks.load();
+    if (new_data_blocks < old_blocks) {
+      return Status::InvalidArgument("shrinking the pool is not supported (" +
+                                     std::to_string(old_blocks) + " blocks, asked for " +
+                                     std::to_string(new_data_blocks) + ")");
+    }
+    if (new_data_blocks == old_blocks) return Status::Ok();
+    // Order for crashes: device, then space map, then superblock. Open()
+    // accepts a space map larger than the superblock and finishes the grow.
+    THINFS_RETURN_IF_ERROR(p.data->Grow(new_data_blocks));
+    THINFS_RETURN_IF_ERROR(p.space->Grow(new_data_blocks));
+    THINFS_RETURN_IF_ERROR(p.CommitDataBlocks(new_data_blocks));
+  }
+  p.Log(2, "pool grown from " + std::to_string(old_blocks) + " to " +
+               std::to_string(new_data_blocks) + " data blocks");
+  p.space_cv.SignalAll();
+  p.CheckLowWater();
+  return Status::Ok();
+}
+
 PoolStats Pool::Stats() const {
   Impl& p = *impl_;
   PoolStats s;
-  s.block_size = p.geometry.block_size();
-  s.data_blocks = p.geometry.data_blocks();
-  s.free_blocks = p.space->free_blocks();
-  s.used_blocks = s.data_blocks - s.free_blocks;
+  s = p.SpaceStats();
   {
     MutexLock d(&p.devices_mu);
     s.devices = p.names.size();

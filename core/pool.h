@@ -45,6 +45,8 @@
 
 namespace thinfs {
 
+struct PoolStats;
+
 struct PoolOptions {
   // Periodic commit interval (dm-thin commits every second). Zero turns the
   // periodic commit off: only Commit()/Flush() and management operations
@@ -69,6 +71,15 @@ struct PoolOptions {
   std::function<void(int level, const std::string& message)> log;
   // A commit slower than this is logged as a warning.
   std::chrono::milliseconds slow_commit{1000};
+  // Low-water mark in blocks; 0 turns it off. When free blocks fall below
+  // it the engine logs one warning and calls on_low_water once; both re-arm
+  // when free blocks rise above the mark again (grow, deletes).
+  uint64_t low_water_blocks = 0;
+  // Called on the thread whose allocation crossed the mark, possibly with
+  // engine locks held: it must return quickly and must not call the Pool.
+  // The PoolStats carries the space fields only (block_size, data_blocks,
+  // free_blocks, used_blocks, low_water_blocks, below_low_water).
+  std::function<void(const PoolStats&)> on_low_water;
 };
 
 // Ownership, permission and times of a device file.
@@ -125,6 +136,10 @@ struct PoolStats {
   uint64_t commit_p99_us = 0;
   uint64_t commit_max_us = 0;
   bool read_only = false;
+  // PoolOptions::low_water_blocks (0: off), and whether free blocks are
+  // below it now.
+  uint64_t low_water_blocks = 0;
+  bool below_low_water = false;
 };
 
 class Pool;
@@ -239,6 +254,14 @@ class Pool {
   // --- Pool ------------------------------------------------------------------
   // Makes every completed change durable (see core/transaction.h).
   Status Commit();
+  // Grows the data area to `new_data_blocks`: the data device grows (a
+  // regular file is extended; a block device must be large enough already),
+  // then the space map, then the superblock's data_blocks is committed. A
+  // crash in between leaves a space map larger than the superblock, which
+  // Open() completes. Wakes writers waiting for space.
+  // Returns kInvalidArgument when new_data_blocks is below the current size
+  // (shrinking is refused) or the device is too small, kReadOnly, kIOError.
+  Status Grow(uint64_t new_data_blocks);
   PoolStats Stats() const;
   const Geometry& geometry() const;
   MetadataStore* store();

@@ -64,6 +64,12 @@ class SpaceMap {
   // Records durably a clean close at `generation`.
   virtual Status MarkClean(uint64_t generation) = 0;
 
+  // Adds blocks [total_blocks(), new_blocks), free, and makes the larger
+  // size durable before they become allocatable. Returns kInvalidArgument
+  // when new_blocks < total_blocks() (a map never shrinks), kReadOnly, or
+  // kIOError / kNoSpace when the map cannot grow.
+  virtual Status Grow(uint64_t new_blocks) = 0;
+
   virtual bool IsAllocated(PoolBlock block) const = 0;
   virtual uint64_t total_blocks() const = 0;
   // Blocks neither allocated nor pending free.

@@ -1,7 +1,9 @@
 // RunMount: opens the pool (the only fs/ file that uses meta/) and serves it.
 
+#include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -11,7 +13,9 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "core/pool.h"
 #include "fs/control.h"
@@ -55,6 +59,41 @@ void BecomeIoFlusher() {
                   strerror(err));
 }
 
+// Runs `cmd POOL` with the pool's space in its environment, LVM-autoextend
+// style. The engine calls this on an I/O thread, so the spawn and the wait
+// happen on a detached thread; posix_spawn because the daemon is
+// multi-threaded (nothing but exec runs in the child).
+void RunLowWaterCommand(const std::string& cmd, const std::string& pool_root, const PoolStats& s) {
+  std::thread([cmd, pool_root, s] {
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e != nullptr; ++e) {
+      if (std::strncmp(*e, "THINFS_", 7) != 0) env_strings.emplace_back(*e);
+    }
+    env_strings.push_back("THINFS_POOL=" + pool_root);
+    env_strings.push_back("THINFS_FREE_BLOCKS=" + std::to_string(s.free_blocks));
+    env_strings.push_back("THINFS_DATA_BLOCKS=" + std::to_string(s.data_blocks));
+    std::vector<char*> envp;
+    for (std::string& e : env_strings) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::string arg0 = cmd;
+    std::string arg1 = pool_root;
+    char* argv[] = {arg0.data(), arg1.data(), nullptr};
+    pid_t pid = 0;
+    int err = posix_spawn(&pid, cmd.c_str(), nullptr, nullptr, argv, envp.data());
+    if (err != 0) {
+      THINFS_LOG_ERROR("low_water_cmd %s: %s", cmd.c_str(), strerror(err));
+      return;
+    }
+    THINFS_LOG_INFO("low_water_cmd %s started (pid %d)", cmd.c_str(), static_cast<int>(pid));
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      THINFS_LOG_WARNING("low_water_cmd %s failed (wait status %d)", cmd.c_str(), status);
+    }
+  }).detach();
+}
+
 // Opens the pool and serves it; reports through `startup`. Returns the exit
 // code of the serving process.
 int OpenAndServe(const MountOptions& options, const std::string& pool_root,
@@ -83,6 +122,23 @@ int OpenAndServe(const MountOptions& options, const std::string& pool_root,
     Log(l, "%s", message.c_str());
   };
   pool_options.read_only = options.read_only;
+  pool_options.no_space_timeout = options.no_space_timeout;
+  const uint64_t data_blocks = files->superblock.data_blocks;
+  if (options.low_water_percent != 0) {
+    pool_options.low_water_blocks = data_blocks * options.low_water_percent / 100;
+  } else {
+    pool_options.low_water_blocks = options.low_water_bytes / files->superblock.block_size;
+  }
+  // A mark of 0 blocks (a size below one block) would be "off": keep it on.
+  if ((options.low_water_percent != 0 || options.low_water_bytes != 0) &&
+      pool_options.low_water_blocks == 0) {
+    pool_options.low_water_blocks = 1;
+  }
+  if (!options.low_water_cmd.empty()) {
+    pool_options.on_low_water = [cmd = options.low_water_cmd, pool_root](const PoolStats& s) {
+      RunLowWaterCommand(cmd, pool_root, s);
+    };
+  }
   Result<std::unique_ptr<Pool>> pool =
       Pool::Open(std::move(files->data), std::move(files->bitmap), std::move(files->store),
                  pool_options);

@@ -38,6 +38,14 @@ struct MountOptions {
   bool direct_io = false;  // O_DIRECT on the data file
   bool writeback_cache = false;
   std::string log_level = "info";
+  // Low-water mark: an absolute size in bytes, or a percentage of the data
+  // area at mount time (at most one is non-zero; both zero: off).
+  uint64_t low_water_bytes = 0;
+  uint32_t low_water_percent = 0;
+  // Run (not waited for) when free space falls below the mark.
+  std::string low_water_cmd;
+  // How long a write waits for space when the pool is full (0: ENOSPC at once).
+  std::chrono::milliseconds no_space_timeout{0};
 };
 
 // Builds MountOptions from the CLI's arguments. `dash_o` is the -o string,
@@ -52,6 +60,14 @@ struct MountOptions {
 //   direct_io=on|off            O_DIRECT on the pool's data file (default off)
 //   writeback_cache=on|off      kernel writeback cache (default off)
 //   log_level=error|warning|info|debug
+//   low_water=SIZE|N%           warn (log, status) when free space falls below
+//                               SIZE bytes or N% (1-99) of the data area
+//   low_water_cmd=PATH          absolute path of a program run with the pool
+//                               directory as argument when that happens, with
+//                               THINFS_POOL, THINFS_FREE_BLOCKS and
+//                               THINFS_DATA_BLOCKS in its environment
+//   no_space=error|wait:DUR     full pool: ENOSPC at once (default), or hold
+//                               writes up to DUR for space (grow, deletes)
 // Returns kInvalidArgument naming the offending option.
 Result<MountOptions> ParseMountOptions(const std::string& pool, const std::string& mountpoint,
                                        const std::string& dash_o, bool foreground);

@@ -137,6 +137,45 @@ Result<MountOptions> ParseMountOptions(const std::string& pool, const std::strin
     } else if (key == "writeback_cache") {
       THINFS_RETURN_IF_ERROR(require_value());
       THINFS_ASSIGN_OR_RETURN(opts.writeback_cache, ParseBool(key, value));
+    } else if (key == "low_water") {
+      THINFS_RETURN_IF_ERROR(require_value());
+      opts.low_water_bytes = 0;
+      opts.low_water_percent = 0;
+      if (value.back() == '%') {
+        uint64_t pct = 0;
+        std::string rest;
+        if (!ParseLeadingNumber(value, &pct, &rest) || rest != "%" || pct < 1 || pct > 99) {
+          return Status::InvalidArgument("option low_water: expected SIZE or 1%-99%, got '" +
+                                         value + "'");
+        }
+        opts.low_water_percent = static_cast<uint32_t>(pct);
+      } else {
+        THINFS_ASSIGN_OR_RETURN(opts.low_water_bytes, ParseSize(key, value));
+        if (opts.low_water_bytes == 0) {
+          return Status::InvalidArgument("option low_water: the mark must be above zero");
+        }
+      }
+    } else if (key == "low_water_cmd") {
+      THINFS_RETURN_IF_ERROR(require_value());
+      // The daemon runs from "/": a relative path would name another file.
+      if (value[0] != '/') {
+        return Status::InvalidArgument("option low_water_cmd: '" + value +
+                                       "' is not an absolute path");
+      }
+      opts.low_water_cmd = value;
+    } else if (key == "no_space") {
+      THINFS_RETURN_IF_ERROR(require_value());
+      if (value == "error") {
+        opts.no_space_timeout = std::chrono::milliseconds(0);
+      } else if (value.rfind("wait:", 0) == 0) {
+        THINFS_ASSIGN_OR_RETURN(opts.no_space_timeout, ParseDuration(key, value.substr(5)));
+        if (opts.no_space_timeout.count() == 0) {
+          return Status::InvalidArgument("option no_space: wait:0 waits for nothing; use error");
+        }
+      } else {
+        return Status::InvalidArgument("option no_space: expected error or wait:DUR, got '" +
+                                       value + "'");
+      }
     } else if (key == "log_level") {
       THINFS_RETURN_IF_ERROR(require_value());
       Result<LogLevel> level = ParseLogLevel(value);

@@ -292,9 +292,11 @@ Result<std::unique_ptr<BitmapSpaceMap>> BitmapSpaceMap::Open(const std::string& 
                                             std::to_string(h.block_size)) +
                                    " in " + path);
   }
-  if (h.nr_blocks != expected_blocks) {
+  // Larger is a grow interrupted between the bitmap and the superblock
+  // (Pool::Grow grows the bitmap first); the pool completes it at open.
+  if (h.nr_blocks < expected_blocks) {
     return Status::InvalidArgument(Mismatch("geometry mismatch: block count",
-                                            std::to_string(expected_blocks),
+                                            "at least " + std::to_string(expected_blocks),
                                             std::to_string(h.nr_blocks)) +
                                    " in " + path);
   }

@@ -53,7 +53,9 @@ class BitmapSpaceMap final : public SpaceMap {
   // Returns kNotFound; kCorruption naming what was expected and what was
   // found ("bitmap header checksum mismatch: expected 0x..., found 0x...");
   // kNotSupported for an unknown format version or incompat flag;
-  // kInvalidArgument on geometry mismatch; kIOError.
+  // kInvalidArgument on geometry mismatch (a block size other than
+  // expected, fewer blocks than expected; more blocks are accepted: a grow
+  // interrupted before the superblock's commit); kIOError.
   static Result<std::unique_ptr<BitmapSpaceMap>> Open(const std::string& path,
                                                       uint64_t expected_blocks,
                                                       uint64_t expected_block_size, bool read_only);
@@ -113,7 +115,7 @@ class BitmapSpaceMap final : public SpaceMap {
   // new body checksum).
   // Returns kInvalidArgument when new_blocks < total_blocks(), kReadOnly on
   // a read-only map, kNoSpace or kIOError when the file cannot grow.
-  Status Grow(uint64_t new_blocks);
+  Status Grow(uint64_t new_blocks) override;
 
   const std::string& path() const { return path_; }
 

@@ -483,6 +483,10 @@ Result<PoolFiles> OpenPoolFiles(const std::string& root, const OpenOptions& opti
       FileBlockDevice::Open(f.paths.data, geometry, options.direct_io, options.read_only);
   if (!data.ok()) return data.status().WithContext("data area");
   f.data = std::move(*data);
+  // A --data target (pool/data a symlink) is the user's to size: grow
+  // checks it is large enough instead of extending it.
+  struct stat lst;
+  if (::lstat(f.paths.data.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode)) f.data->set_fixed_size(true);
 
   Result<std::unique_ptr<BitmapSpaceMap>> bitmap = BitmapSpaceMap::Open(
       f.paths.bitmap, f.superblock.data_blocks, f.superblock.block_size, options.read_only);

@@ -67,6 +67,7 @@ int RunDelete(const std::vector<std::string>& args);
 int RunResize(const std::vector<std::string>& args);
 int RunRename(const std::vector<std::string>& args);
 int RunList(const std::vector<std::string>& args);
+int RunGrow(const std::vector<std::string>& args);
 
 // The options and positional arguments of one subcommand.
 class CommandLine {

@@ -1,4 +1,5 @@
-// Device commands: create, snapshot, delete, resize, rename, list.
+// Device commands: create, snapshot, delete, resize, rename, list; and grow
+// (of the pool), which travels the same way.
 //
 // Each builds an AdminRequest (core/admin.h). When a mount daemon answers
 // on POOL/control.sock the request goes there (the daemon owns the pool
@@ -193,6 +194,26 @@ int RunResize(const std::vector<std::string>& args) {
   if (!cl.Has("size")) return cl.Fail(kExitUsage, "--size is required (see 'thinfs resize --help')");
   if (!cl.SizeOption("size")) return kExitUsage;
   AdminRequest req{"resize", {{"name", cl.Arg(1)}, {"size", cl.Get<std::string>("size")}}};
+  return Execute(cl, cl.Arg(0), std::move(req), cl.Get<bool>("json"), false);
+}
+
+int RunGrow(const std::vector<std::string>& args) {
+  CommandLine cl("grow", "POOL --size SIZE [--json]",
+                 "Grows the pool's data area to SIZE bytes (rounded down to whole blocks).\n"
+                 "A pool's own sparse data file is extended; a block device or file given\n"
+                 "to 'format --data' must already be at least SIZE (enlarge it first, e.g.\n"
+                 "with lvextend or truncate). Shrinking is refused. Works mounted (through\n"
+                 "the control socket: writes waiting for space resume, df shows the new\n"
+                 "size) and unmounted.");
+  cl.Positional("POOL", "pool directory");
+  cl.AddOptions()
+      ("size", po::value<std::string>()->value_name("SIZE"), kSizeHelp)
+      ("json", po::bool_switch(), "print the new geometry as JSON");
+  cl.SetEpilog("Example:\n  thinfs grow /srv/pool --size 200G\n");
+  if (std::optional<int> code = cl.Parse(args)) return *code;
+  if (!cl.Has("size")) return cl.Fail(kExitUsage, "--size is required (see 'thinfs grow --help')");
+  if (!cl.SizeOption("size")) return kExitUsage;
+  AdminRequest req{"grow", {{"size", cl.Get<std::string>("size")}}};
   return Execute(cl, cl.Arg(0), std::move(req), cl.Get<bool>("json"), false);
 }
 

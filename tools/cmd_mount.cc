@@ -34,7 +34,14 @@ int RunMount(const std::vector<std::string>& args) {
        "  zero_detect=on|off     whole-block zero writes unmap (default on)\n"
        "  direct_io=on|off       O_DIRECT on the pool's data file (default off)\n"
        "  writeback_cache=on|off kernel writeback cache (default off)\n"
-       "  log_level=error|warning|info|debug");
+       "  log_level=error|warning|info|debug\n"
+       "  low_water=SIZE|N%      warn once (log, status) when free space falls\n"
+       "                         below SIZE or N% of the pool (default off)\n"
+       "  low_water_cmd=PATH     then run PATH POOL (not waited for) with\n"
+       "                         THINFS_POOL, THINFS_FREE_BLOCKS, THINFS_DATA_BLOCKS\n"
+       "                         set, e.g. a script that runs 'thinfs grow'\n"
+       "  no_space=error|wait:DUR  pool full: ENOSPC at once (default), or hold\n"
+       "                         writes up to DUR (e.g. wait:30s) for a grow");
   cl.SetEpilog(
       "Example:\n"
       "  thinfs mount /srv/pool /mnt/vols\n"

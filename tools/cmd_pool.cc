@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -152,8 +153,11 @@ int RunStatus(const std::vector<std::string>& args) {
   report.data_path = meta::DataPathOf(files->paths);
   report.block_size = sb.block_size;
   report.data_blocks = sb.data_blocks;
-  report.free_blocks = files->bitmap->free_blocks();
-  report.used_blocks = files->bitmap->total_blocks() - report.free_blocks;
+  // A bitmap larger than the superblock (an interrupted grow, completed by
+  // the next writable open) counts its extra blocks as free.
+  report.used_blocks = std::min(files->bitmap->total_blocks() - files->bitmap->free_blocks(),
+                                sb.data_blocks);
+  report.free_blocks = sb.data_blocks - report.used_blocks;
   report.devices = visible;
   report.transaction_id = sb.transaction_id;
   report.bitmap_clean = files->bitmap->was_clean();

@@ -16,6 +16,7 @@ const std::vector<Command>& Commands() {
       {"format", "create a pool (data area, metadata, bitmap)", RunFormat},
       {"status", "show a pool's geometry, usage and devices", RunStatus},
       {"check", "verify a pool's metadata (fsck-like exit status)", RunCheck},
+      {"grow", "grow a pool's data area", RunGrow},
       {"create", "create a thin device", RunCreate},
       {"snapshot", "snapshot a device in constant time", RunSnapshot},
       {"delete", "delete a device", RunDelete},

@@ -531,7 +531,7 @@ TEST_F(BitmapSpaceMapTest, WrongGeometryIsInvalidArgument) {
   { ASSERT_NE(CreateDirty(1000), nullptr); }
   Status s = OpenStatus(1001);
   EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
-  EXPECT_NE(s.message().find("block count: expected 1001, found 1000"), std::string::npos)
+  EXPECT_NE(s.message().find("block count: expected at least 1001, found 1000"), std::string::npos)
       << s.ToString();
   s = OpenStatus(1000, 4096);
   EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
@@ -581,7 +581,10 @@ TEST_F(BitmapSpaceMapTest, GrowAddsFreeBlocks) {
   ASSERT_TRUE(m->MarkClean(2).ok());
   m.reset();
 
-  EXPECT_TRUE(OpenStatus(130).IsInvalidArgument());
+  // A superblock still at the old size (a grow interrupted before its
+  // commit) opens the larger map; one larger than the map is refused.
+  EXPECT_TRUE(OpenStatus(130).ok()) << OpenStatus(130).ToString();
+  EXPECT_TRUE(OpenStatus(100001).IsInvalidArgument());
   m = Reopen(100000);
   ASSERT_NE(m, nullptr);
   EXPECT_EQ(m->free_blocks(), 100000u - 130u);

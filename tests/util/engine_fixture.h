@@ -136,7 +136,7 @@ struct EngineFixture {
     for (; it->Valid(); it->Next()) {
       const MapEntry& e = it->entry();
       if (e.value.tombstone()) continue;
-      ASSERT_LT(e.value.block.value, geometry.data_blocks());
+      ASSERT_LT(e.value.block.value, pool->Stats().data_blocks);
       EXPECT_TRUE(space->IsAllocated(e.value.block))
           << "block " << e.value.block.value << " mapped by device " << e.device.value
           << " is free in the space map";

@@ -20,6 +20,7 @@ class ForwardingBlockDevice final : public BlockDevice {
   Status Sync() override { return t_->Sync(); }
   Status Discard(PoolBlock b, uint64_t n) override { return t_->Discard(b, n); }
   Status WriteZeroes(PoolBlock b, uint64_t n) override { return t_->WriteZeroes(b, n); }
+  Status Grow(uint64_t n) override { return t_->Grow(n); }
   const Geometry& geometry() const override { return t_->geometry(); }
 
  private:
@@ -39,6 +40,7 @@ class ForwardingSpaceMap final : public SpaceMap {
   bool was_clean() const override { return t_->was_clean(); }
   Status MarkDirty() override { return t_->MarkDirty(); }
   Status MarkClean(uint64_t g) override { return t_->MarkClean(g); }
+  Status Grow(uint64_t n) override { return t_->Grow(n); }
   bool IsAllocated(PoolBlock b) const override { return t_->IsAllocated(b); }
   uint64_t total_blocks() const override { return t_->total_blocks(); }
   uint64_t free_blocks() const override { return t_->free_blocks(); }

@@ -148,6 +148,7 @@ class SnapshotSpaceMap final : public SpaceMap {
     Save();
     return Status::Ok();
   }
+  Status Grow(uint64_t n) override { return b_->Grow(n); }
   bool IsAllocated(PoolBlock b) const override { return b_->IsAllocated(b); }
   uint64_t total_blocks() const override { return b_->total_blocks(); }
   uint64_t free_blocks() const override { return b_->free_blocks(); }
