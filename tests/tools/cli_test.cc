@@ -105,6 +105,7 @@ const CommandSpec kCommands[] = {
     {"resize", {"--size", "--json", "--help", "Example"}},
     {"rename", {"--json", "--help", "Example"}},
     {"list", {"--json", "--help", "Example", "exclusive_blocks"}},
+    {"grow", {"--size", "--json", "--help", "Example", "Shrinking is refused"}},
 };
 
 // The device commands, each with valid arguments after POOL.
@@ -116,6 +117,7 @@ const DeviceCommand kDeviceCommands[] = {
     {"create", {"vol", "--size", "1M"}}, {"snapshot", {"vol", "snap"}},
     {"delete", {"vol"}},                 {"resize", {"vol", "--size", "2M"}},
     {"rename", {"vol", "other"}},        {"list", {}},
+    {"grow", {"--size", "64M"}},
 };
 
 // The byte of the bitmap header to damage: inside the checksummed header,
@@ -699,4 +701,86 @@ TEST(CliDeviceTest, StaleControlSocketIsIgnored) {
 }
 
 }  // namespace
+// ------------------------------------------------------------------- grow
+
+TEST(CliGrowTest, GrowsASparsePoolAndStatusShowsIt) {
+  TempDir tmp;
+  const std::string pool = tmp.Sub("pool");
+  FormatOrDie(pool, "16M");
+  CliRun r = Thinfs({"create", pool, "vol", "--size", "1G"});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  r = Thinfs({"grow", pool, "--size", "64M", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  JsonValue g = ParseJson(r.out);
+  EXPECT_EQ(g["data_bytes"].AsUint(), uint64_t{64} << 20);
+  r = Thinfs({"status", pool, "--json"});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  JsonValue st = ParseJson(r.out);
+  EXPECT_EQ(st["data_bytes"].AsUint(), uint64_t{64} << 20);
+  EXPECT_EQ(st["free_blocks"].AsUint(), st["data_blocks"].AsUint());
+  EXPECT_EQ(st["low_water_blocks"].AsUint(), 0u);
+  struct stat s;
+  ASSERT_EQ(::stat((pool + "/data").c_str(), &s), 0);
+  EXPECT_EQ(s.st_size, 64 << 20);
+  // The pool still checks clean and the device is still there.
+  r = Thinfs({"check", pool});
+  EXPECT_EQ(r.exit_code, 0) << Describe(r);
+  r = Thinfs({"list", pool});
+  EXPECT_NE(r.out.find("vol"), std::string::npos) << Describe(r);
+  r = Thinfs({"grow", pool, "--size", "80M"});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_NE(r.out.find("grew pool from 64 MiB to 80 MiB"), std::string::npos) << Describe(r);
+}
+
+TEST(CliGrowTest, ShrinkIsRefusedUnchanged) {
+  TempDir tmp;
+  const std::string pool = tmp.Sub("pool");
+  FormatOrDie(pool, "32M");
+  CliRun r = Thinfs({"grow", pool, "--size", "16M"});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  ExpectOneLineError(r, "thinfs grow: ", "shrinking a pool is not supported");
+  r = Thinfs({"status", pool, "--json"});
+  EXPECT_EQ(ParseJson(r.out)["data_bytes"].AsUint(), uint64_t{32} << 20);
+}
+
+TEST(CliGrowTest, MissingSizeOrBadSizeIsAUsageError) {
+  TempDir tmp;
+  const std::string pool = tmp.Sub("pool");
+  FormatOrDie(pool);
+  CliRun r = Thinfs({"grow", pool});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  ExpectOneLineError(r, "thinfs grow: ", "--size is required");
+  r = Thinfs({"grow", pool, "--size", "lots"});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  r = Thinfs({"grow", pool, "--size", "64M", "--bogus"});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  r = Thinfs({"grow", tmp.Sub("nowhere"), "--size", "64M"});
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  ExpectOneLineError(r, "thinfs grow: ", "does not exist");
+}
+
+TEST(CliGrowTest, TooSmallDataFileIsRefusedThenGrowsOnceEnlarged) {
+  TempDir tmp;
+  const std::string backing = tmp.Sub("backing.img");
+  WriteFileOrDie(backing, "");
+  ASSERT_EQ(::truncate(backing.c_str(), 8 << 20), 0);
+  const std::string pool = tmp.Sub("pool");
+  CliRun r = Thinfs({"format", pool, "--size", "8M", "--data", backing});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  r = Thinfs({"grow", pool, "--size", "16M"});
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  ExpectOneLineError(r, "thinfs grow: ", "enlarge it first");
+  // The user's file was not extended behind their back, the pool not grown.
+  struct stat s;
+  ASSERT_EQ(::stat(backing.c_str(), &s), 0);
+  EXPECT_EQ(s.st_size, 8 << 20);
+  r = Thinfs({"status", pool, "--json"});
+  EXPECT_EQ(ParseJson(r.out)["data_bytes"].AsUint(), uint64_t{8} << 20);
+  ASSERT_EQ(::truncate(backing.c_str(), 16 << 20), 0);
+  r = Thinfs({"grow", pool, "--size", "16M"});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  r = Thinfs({"status", pool, "--json"});
+  EXPECT_EQ(ParseJson(r.out)["data_bytes"].AsUint(), uint64_t{16} << 20);
+}
+
 }  // namespace thinfs
