@@ -151,7 +151,9 @@ class Stack:
             if a.mount_options:
                 cmd += ["-o", a.mount_options]
             run(cmd)
-            self.undo.append(("thinfs umount", lambda: self._stop_thinfs(pool, mnt)))
+            # Default arguments bind this pool: `pool`/`mnt` are reused below.
+            self.undo.append(("thinfs umount",
+                              lambda pool=pool, mnt=mnt: self._stop_thinfs(pool, mnt)))
             with open(os.path.join(pool, "lock")) as fh:
                 self.daemon_pid = int(fh.read().strip() or 0) or None
             data = os.path.join(pool, "data")
@@ -184,7 +186,8 @@ class Stack:
             with open(os.path.join(pool, "lock")) as fh:
                 alt_pid = int(fh.read().strip() or 0) or None
             self.undo.append(("thinfs-alt umount",
-                              lambda: self._stop_thinfs(pool, mnt, binary, alt_pid)))
+                              lambda pool=pool, mnt=mnt, binary=binary, alt_pid=alt_pid:
+                              self._stop_thinfs(pool, mnt, binary, alt_pid)))
             f = os.path.join(mnt, "vol")
             with open(f, "wb") as fh:
                 fh.truncate(size)
