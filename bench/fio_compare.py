@@ -61,6 +61,10 @@ JOBS = [
      ["--ioengine=libaio", "--iodepth=32", "--direct=1"], "IOPS"),
 ]
 TARGETS = ["raw", "thinfs", "raw-loop-ext4", "thinfs-loop-ext4"]
+# Opt-in A/B target (not in the default --targets): a second pool mounted with
+# --alt-mount-options and/or the --alt-thinfs binary, interleaved with the
+# others, so that a lever is measured against `thinfs` in the same run.
+ALT = "thinfs-alt"
 # Two-sided 95% Student's t critical values for 1..30 degrees of freedom.
 T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
        2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
@@ -147,7 +151,9 @@ class Stack:
             if a.mount_options:
                 cmd += ["-o", a.mount_options]
             run(cmd)
-            self.undo.append(("thinfs umount", lambda: self._stop_thinfs(pool, mnt)))
+            # Default arguments bind this pool: `pool`/`mnt` are reused below.
+            self.undo.append(("thinfs umount",
+                              lambda pool=pool, mnt=mnt: self._stop_thinfs(pool, mnt)))
             with open(os.path.join(pool, "lock")) as fh:
                 self.daemon_pid = int(fh.read().strip() or 0) or None
             data = os.path.join(pool, "data")
@@ -167,6 +173,25 @@ class Stack:
                     fh.truncate(size)
                 self.targets["thinfs-loop-ext4"] = Target(
                     "thinfs-loop-ext4", f, [f, backing, data])
+        if ALT in want:
+            pool, mnt = os.path.join(w, "pool-alt"), os.path.join(w, "mnt-alt")
+            binary = a.alt_thinfs or a.thinfs
+            run([binary, "format", pool, "--size", str(size + 512 * MiB),
+                 "--block-size", a.block_size])
+            os.makedirs(mnt)
+            cmd = [binary, "mount", pool, mnt]
+            if a.alt_mount_options:
+                cmd += ["-o", a.alt_mount_options]
+            run(cmd)
+            with open(os.path.join(pool, "lock")) as fh:
+                alt_pid = int(fh.read().strip() or 0) or None
+            self.undo.append(("thinfs-alt umount",
+                              lambda pool=pool, mnt=mnt, binary=binary, alt_pid=alt_pid:
+                              self._stop_thinfs(pool, mnt, binary, alt_pid)))
+            f = os.path.join(mnt, "vol")
+            with open(f, "wb") as fh:
+                fh.truncate(size)
+            self.targets[ALT] = Target(ALT, f, [f, os.path.join(pool, "data")])
         if "raw-loop-ext4" in want:
             backing = os.path.join(w, "raw-loop.img")
             with open(backing, "wb") as fh:
@@ -180,11 +205,11 @@ class Stack:
         for t in self.targets.values():
             t.direct_ok = supports_direct(t.fio_file)
 
-    def _stop_thinfs(self, pool, mnt):
-        r = run([self.args.thinfs, "umount", mnt], check=False)
+    def _stop_thinfs(self, pool, mnt, binary=None, pid=None):
+        r = run([binary or self.args.thinfs, "umount", mnt], check=False)
         if r.returncode != 0:
             run(["umount", "-l", mnt], check=False)
-        pid = self.daemon_pid
+        pid = pid or self.daemon_pid
         if pid:
             for _ in range(300):  # the final commit may take a moment
                 if not os.path.exists(f"/proc/{pid}"):
@@ -331,7 +356,10 @@ def report(args, cmdline, results, fs_type, mach, jobs, targets):
     L.append(f"- {args.rounds} round(s), targets interleaved job by job; size "
              f"{args.size // MiB} MiB; random jobs {args.runtime} s time-based; "
              f"cache {args.cache}; thinfs block size {args.block_size}, mount options "
-             f"`{args.mount_options or '(defaults)'}`. Cells: median (min–max) of the "
+             f"`{args.mount_options or '(defaults)'}`"
+             + (f"; {ALT}: mount options `{args.alt_mount_options or '(defaults)'}`, binary "
+                f"`{args.alt_thinfs or args.thinfs}`" if ALT in targets else "")
+             + ". Cells: median (min–max) of the "
              "rounds; ratios: median (min–max) of the per-round ratios.\n")
     hdr = "| job | unit | " + " | ".join(targets)
     ratio_cols = [t for t in targets if t != "raw" and "raw" in targets]
@@ -339,6 +367,9 @@ def report(args, cmdline, results, fs_type, mach, jobs, targets):
     loop_pair = "raw-loop-ext4" in targets and "thinfs-loop-ext4" in targets
     if loop_pair:
         hdr += " | thinfs-loop/raw-loop"
+    alt_pair = "thinfs" in targets and ALT in targets
+    if alt_pair:
+        hdr += " | thinfs-alt/thinfs"
     hdr += " |"
     L.append(hdr)
     L.append("|" + "---|" * (hdr.count("|") - 1))
@@ -359,9 +390,13 @@ def report(args, cmdline, results, fs_type, mach, jobs, targets):
         if loop_pair:
             a, b = results["thinfs-loop-ext4"][name], results["raw-loop-ext4"][name]
             row += " | " + (ratio_cell(a, b) if a and b else "n/a")
+        if alt_pair:
+            a, b = results[ALT][name], results["thinfs"][name]
+            row += " | " + (ratio_cell(a, b) if a and b else "n/a")
         L.append(row + " |")
     L.append("")
-    pairs = [(x, y) for x, y in (("raw", "thinfs"), ("raw-loop-ext4", "thinfs-loop-ext4"))
+    pairs = [(x, y) for x, y in (("raw", "thinfs"), ("raw-loop-ext4", "thinfs-loop-ext4"),
+                                 ("thinfs", ALT))
              if x in targets and y in targets]
     if pairs:
         L.append("Student's t at 95% confidence, as `ministat` computes it (x = first, "
@@ -422,6 +457,10 @@ def main():
     p.add_argument("--jobs", default=",".join(j[0] for j in JOBS))
     p.add_argument("--block-size", default="64K")
     p.add_argument("--mount-options", default="", help="thinfs mount -o OPTIONS")
+    p.add_argument("--alt-mount-options", default="",
+                   help=f"-o OPTIONS for the {ALT} target (add it to --targets)")
+    p.add_argument("--alt-thinfs", default=None,
+                   help=f"thinfs binary for the {ALT} target (default: --thinfs)")
     p.add_argument("--markdown", help="write the Markdown report here")
     p.add_argument("--json", help="write every sample here")
     p.add_argument("--quick", action="store_true",
@@ -433,10 +472,10 @@ def main():
     args.size = parse_size(args.size or ("64M" if args.quick else "1G"))
     args.runtime = args.runtime or (1 if args.quick else 10)
     args.targets = [t for t in args.targets.split(",") if t]
-    bad = [t for t in args.targets if t not in TARGETS]
+    bad = [t for t in args.targets if t not in TARGETS + [ALT]]
     jobs = [j for j in JOBS if j[0] in args.jobs.split(",")]
     if bad or not jobs or not args.targets or args.rounds < 1:
-        p.error(f"bad --targets/--jobs/--rounds (targets: {', '.join(TARGETS)})")
+        p.error(f"bad --targets/--jobs/--rounds (targets: {', '.join(TARGETS + [ALT])})")
     args.thinfs = os.path.abspath(args.thinfs)
 
     missing = prerequisites(args)
@@ -456,7 +495,7 @@ def main():
         log(f"setting up in {stack.work}")
         stack.setup()
         fs_type = run(["stat", "-f", "-c", "%T", args.dir], check=False).stdout.strip()
-        targets = [t for t in TARGETS if t in stack.targets]
+        targets = [t for t in TARGETS + [ALT] if t in stack.targets]
         for t in targets:
             prewrite(stack.targets[t], args.size)
             settle(stack.targets[t], args.cache == "cold")
@@ -492,7 +531,7 @@ def main():
         incomplete = [f"{t}/{j[0]}" for t in targets for j in jobs
                       if results[t][j[0]] is not None
                       and len(results[t][j[0]]) != args.rounds]
-        incomplete += [t for t in TARGETS if t in args.targets and t not in targets]
+        incomplete += [t for t in TARGETS + [ALT] if t in args.targets and t not in targets]
         if incomplete:
             log("incomplete table: " + ", ".join(incomplete))
             return 3

@@ -74,6 +74,11 @@ struct FileHandle {
   // Set by writes through this handle, cleared by flush: close(2) commits
   // only what this handle changed.
   std::atomic<bool> dirty{false};  // written by any worker, read at flush
+  // Shared by every handle of the device. With the writeback cache the
+  // kernel writes dirty pages back through any writable handle of the inode,
+  // not necessarily the one that dirtied them, so close(2) of a handle must
+  // commit if any handle's write-back reached us since the last commit.
+  std::shared_ptr<std::atomic<bool>> device_dirty;
 };
 
 // An open root directory: a snapshot of the listing taken at opendir, so
@@ -172,6 +177,7 @@ class Server {
     OpenEntry& entry = open_[id];
     entry.count++;
     if (entry.volume.expired()) entry.volume = handle->volume;
+    handle->device_dirty = entry.dirty;
     return handle.release();
   }
 
@@ -257,6 +263,7 @@ class Server {
   struct OpenEntry {
     int count = 0;
     std::weak_ptr<Volume> volume;
+    std::shared_ptr<std::atomic<bool>> dirty = std::make_shared<std::atomic<bool>>(false);
   };
   Status RemoveNameLocked(const std::string& name, VolumeId id) REQUIRES(mu_) {
     if (open_.count(id) == 0) return pool_->DeleteDevice(name);
@@ -630,6 +637,9 @@ void OnWrite(fuse_req_t req, fuse_ino_t, const char* data, size_t size, off_t of
       return;
     }
     handle->dirty.store(true, std::memory_order_relaxed);
+    if (server->config().writeback_cache) {
+      handle->device_dirty->store(true, std::memory_order_relaxed);
+    }
     fuse_reply_write(req, size);
   });
 }
@@ -638,11 +648,18 @@ void OnFlush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) noexcept {
   Guarded(req, "flush", [&] {
     FileHandle* handle = FileOf(fi);
     // close(2) makes durable what this handle wrote; a handle that only
-    // read has nothing to commit.
-    if (handle->dirty.exchange(false)) {
+    // read has nothing to commit. With the writeback cache the kernel has
+    // just written this handle's dirty pages back (before sending FLUSH),
+    // possibly through another handle: see device_dirty.
+    bool dirty = handle->dirty.exchange(false);
+    if (ServerOf(req)->config().writeback_cache && handle->device_dirty->exchange(false)) {
+      dirty = true;
+    }
+    if (dirty) {
       Status s = handle->volume->Flush();
       if (!s.ok()) {
         handle->dirty.store(true);
+        handle->device_dirty->store(true);
         ReplyError(req, s, "flush");
         return;
       }
@@ -656,6 +673,7 @@ void OnFsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info* fi) noexcept {
     FileHandle* handle = FileOf(fi);
     // fsync covers writes made through any descriptor: always commit.
     handle->dirty.store(false);
+    handle->device_dirty->store(false);
     Status s = handle->volume->Flush();
     if (!s.ok()) {
       ReplyError(req, s, "fsync");

@@ -18,6 +18,10 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
 
 #include "meta/format.h"
 
@@ -436,8 +440,41 @@ class RocksMapIterator final : public MapIterator {
 
 }  // namespace
 
+namespace {
+
+// One thread's cached map iterator for FindVersion (see there). Its mutex is
+// only ever contended by ~Rep / DropCachedIterators, never by another reader.
+struct CachedIterator {
+  std::mutex mu;
+  std::unique_ptr<rocksdb::Iterator> it;  // null: build one at next use
+  rocksdb::SequenceNumber seq = 0;        // the DB's sequence when `it` was built
+  std::atomic<bool> thread_gone{false};   // its thread exited: prune the slot
+};
+
+// A thread's slots, one per store it looked up in. At thread exit (FUSE
+// workers come and go) it releases their iterators, which would otherwise
+// pin memtables and SST files until the store closes.
+struct ThreadSlots {
+  std::unordered_map<uint64_t, std::weak_ptr<CachedIterator>> by_store;
+  ~ThreadSlots() {
+    for (auto& [uid, weak] : by_store) {
+      if (std::shared_ptr<CachedIterator> c = weak.lock()) {
+        std::lock_guard<std::mutex> l(c->mu);
+        c->it.reset();
+        c->thread_gone.store(true);
+      }
+    }
+  }
+};
+
+std::atomic<uint64_t> next_store_uid{1};
+
+}  // namespace
+
 struct RocksDbStore::Rep {
   ~Rep() {
+    // Iterators must go before the column families and the DB.
+    DropCachedIterators();
     for (rocksdb::ColumnFamilyHandle* h : handles) {
       if (db != nullptr) db->DestroyColumnFamilyHandle(h).PermitUncheckedError();
     }
@@ -458,6 +495,46 @@ struct RocksDbStore::Rep {
   // Set by a failed commit; later commits refuse to write. Atomic because
   // Commit() and readers of the flag may run on different threads.
   std::atomic<bool> failed{false};
+
+  // FindVersion's per-thread iterators, owned here so that they die before
+  // the DB whatever threads still exist; threads find theirs by `uid`
+  // (unique per store, never reused, unlike the address).
+  const uint64_t uid = next_store_uid.fetch_add(1);
+  std::mutex cache_mu;
+  std::vector<std::shared_ptr<CachedIterator>> cached;
+
+  std::shared_ptr<CachedIterator> ThreadIterator() {
+    thread_local ThreadSlots slots;
+    auto& mine = slots.by_store;
+    auto i = mine.find(uid);
+    if (i != mine.end()) {
+      if (std::shared_ptr<CachedIterator> c = i->second.lock()) return c;
+    }
+    // First use on this thread (or after DropCachedIterators): forget slots
+    // of stores that are gone, register a new one.
+    std::erase_if(mine, [](const auto& kv) { return kv.second.expired(); });
+    auto c = std::make_shared<CachedIterator>();
+    {
+      std::lock_guard<std::mutex> l(cache_mu);
+      std::erase_if(cached, [](const auto& x) { return x->thread_gone.load(); });
+      cached.push_back(c);
+    }
+    mine[uid] = c;
+    return c;
+  }
+
+  // Releases every cached iterator (they pin memtables and SST files).
+  void DropCachedIterators() {
+    std::vector<std::shared_ptr<CachedIterator>> all;
+    {
+      std::lock_guard<std::mutex> l(cache_mu);
+      all.swap(cached);
+    }
+    for (const auto& c : all) {
+      std::lock_guard<std::mutex> l(c->mu);
+      c->it.reset();
+    }
+  }
 };
 
 namespace {
@@ -632,11 +709,28 @@ Result<std::vector<DeviceRecord>> RocksDbStore::LoadDevices() {
 
 Result<std::optional<Version>> RocksDbStore::FindVersion(VolumeId device, VolumeBlock vblock,
                                                          Epoch max_epoch) {
-  rocksdb::ReadOptions ro;
-  // The seek key's 16-byte prefix is (device, vblock): the prefix Bloom
-  // filter can skip files, and the iterator stops at the next block.
-  ro.prefix_same_as_start = true;
-  std::unique_ptr<rocksdb::Iterator> it(rep_->db->NewIterator(ro, rep_->map_cf));
+  // Building an iterator costs more than the Seek itself (it references the
+  // current memtables and SST files and builds a merging iterator over them),
+  // so each thread keeps one and rebuilds it only when the DB's sequence
+  // number has moved, i.e. after a commit wrote something. That is as fresh
+  // as a new iterator: the engine reads its overlay before calling here and
+  // drops overlay edits only after the commit that stored them returned, so
+  // a lookup that no longer sees an edit in the overlay sees the new
+  // sequence number here. Compactions do not move the sequence number and
+  // do not change what an iterator reads.
+  std::shared_ptr<CachedIterator> c = rep_->ThreadIterator();
+  std::lock_guard<std::mutex> l(c->mu);
+  const rocksdb::SequenceNumber seq = rep_->db->GetLatestSequenceNumber();
+  if (c->it == nullptr || c->seq != seq || !c->it->status().ok()) {
+    rocksdb::ReadOptions ro;
+    // The seek key's 16-byte prefix is (device, vblock): the prefix Bloom
+    // filter can skip files, and the iterator stops at the next block.
+    ro.prefix_same_as_start = true;
+    c->it.reset();
+    c->it.reset(rep_->db->NewIterator(ro, rep_->map_cf));
+    c->seq = seq;
+  }
+  rocksdb::Iterator* it = c->it.get();
   const std::string key = MapKey(device, vblock, max_epoch);
   it->Seek(key);
   if (!it->Valid()) {
@@ -745,6 +839,8 @@ Status RocksDbStore::Commit(const MetaBatch& batch, bool sync) {
 }
 
 Result<uint64_t> RocksDbStore::MapBytesOnDisk(bool compact) {
+  // Cached lookup iterators pin the files a compaction replaces.
+  rep_->DropCachedIterators();
   if (compact) {
     rocksdb::CompactRangeOptions cro;
     cro.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
