@@ -24,14 +24,16 @@ for t in "${targets[@]}"; do
   mkdir -p "$work" "$findings"
   cp -n fuzz/corpus/"$t"/* "$work"/ 2>/dev/null || true
   echo "== $t: ${seconds}s"
-  if ! UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-      "build-fuzz/${t}_fuzzer" -max_total_time="$seconds" -print_final_stats=1 \
-      -artifact_prefix="$findings/" "$work" 2>&1 | tee "build-fuzz/$t.log" | \
-      grep -E '^(stat::number_of_executed_units|stat::new_units_added|==[0-9]+==ERROR|SUMMARY)|Done [0-9]+ runs'; then
-    :
-  fi
-  if [ "${PIPESTATUS[0]}" != 0 ] || ls "$findings"/crash-* "$findings"/leak-* "$findings"/timeout-* >/dev/null 2>&1; then
-    echo "!! $t: finding in $findings (log build-fuzz/$t.log)"
+  set +e
+  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    "build-fuzz/${t}_fuzzer" -max_total_time="$seconds" -print_final_stats=1 \
+    -artifact_prefix="$findings/" "$work" >"build-fuzz/$t.log" 2>&1
+  rc=$?
+  set -e
+  grep -E '^(stat::number_of_executed_units|stat::new_units_added|==[0-9]+==.*ERROR|SUMMARY)|^Done [0-9]+ runs' \
+    "build-fuzz/$t.log" || true
+  if [ "$rc" != 0 ] || [ -n "$(ls -A "$findings")" ]; then
+    echo "!! $t: exit $rc, findings in $findings (log build-fuzz/$t.log)"
     status=1
   fi
 done
