@@ -17,8 +17,8 @@
 namespace {
 
 bool SameDevice(const thinfs::DeviceRecord& a, const thinfs::DeviceRecord& b) {
-  return a.id.value == b.id.value && a.name == b.name && a.size == b.size &&
-         a.epoch == b.epoch && a.has_parent == b.has_parent && a.parent.value == b.parent.value &&
+  return a.id.value == b.id.value && a.name == b.name && a.size == b.size && a.epoch == b.epoch &&
+         a.has_parent == b.has_parent && a.parent.value == b.parent.value &&
          a.parent_epoch == b.parent_epoch && a.flags == b.flags && a.mode == b.mode &&
          a.uid == b.uid && a.gid == b.gid && a.created_ns == b.created_ns &&
          a.mtime_ns == b.mtime_ns && a.ctime_ns == b.ctime_ns && a.atime_ns == b.atime_ns &&
@@ -35,8 +35,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t key_len = data[1];
   if (size - 2 < key_len) return 0;
   const std::string key(reinterpret_cast<const char*>(data) + 2, key_len);
-  const std::string value(reinterpret_cast<const char*>(data) + 2 + key_len,
-                          size - 2 - key_len);
+  const std::string value(reinterpret_cast<const char*>(data) + 2 + key_len, size - 2 - key_len);
   switch (kind) {
     case 0: {
       Result<Superblock> sb = DecodeSuperblockValue(value);

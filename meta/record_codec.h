@@ -48,7 +48,7 @@ Result<MapValue> DecodeMapValue(std::string_view key, std::string_view value);
 // Refcount value under Id64Key(block): count (>= 2) and a check.
 std::string EncodeRefcount(const std::string& key, uint32_t count);
 Result<std::pair<PoolBlock, uint32_t>> DecodeRefcountValue(std::string_view key,
-                                                            std::string_view value);
+                                                           std::string_view value);
 
 }  // namespace thinfs::meta
 

@@ -98,10 +98,10 @@ std::string Describe(uint64_t v) {
   for (int op = 1;; ++op) {
     uint64_t slot = rng() % kSlots;
     bool punch = rng() % 16 == 0;
-    int n = punch ? snprintf(line, sizeof line, "D %llu\n", static_cast<unsigned long long>(slot))
-                  : snprintf(line, sizeof line, "W %llu %llu\n",
-                             static_cast<unsigned long long>(slot),
-                             static_cast<unsigned long long>(gen));
+    int n =
+        punch ? snprintf(line, sizeof line, "D %llu\n", static_cast<unsigned long long>(slot))
+              : snprintf(line, sizeof line, "W %llu %llu\n", static_cast<unsigned long long>(slot),
+                         static_cast<unsigned long long>(gen));
     if (write(log, line, static_cast<size_t>(n)) != n) _exit(3);
     off_t off = static_cast<off_t>(slot * kRecord);
     if (punch) {
@@ -182,9 +182,8 @@ class KillLoopTest : public E2eTest {
  protected:
   // Reads every slot of `path`; EXPECTs each in `ok` (or valid when `ok` is
   // empty). Returns the contents read.
-  std::vector<uint64_t> VerifyVolume(const std::string& what, const std::string& path,
-                                     uint64_t vol, const std::vector<std::set<uint64_t>>* ok,
-                                     int* errors) {
+  std::vector<uint64_t> VerifyVolume(const std::string& what, const std::string& path, uint64_t vol,
+                                     const std::vector<std::set<uint64_t>>* ok, int* errors) {
     std::vector<uint64_t> got(kSlots, kGarbage);
     int fd = open(path.c_str(), O_RDONLY);
     EXPECT_GE(fd, 0) << what << ": " << strerror(errno);
@@ -223,12 +222,12 @@ TEST_F(KillLoopTest, SigkillAtRandomMomentsKeepsAcknowledgedData) {
   const char* it_env = getenv("THINFS_KILL_ITERATIONS");
   const int iterations = it_env != nullptr ? atoi(it_env) : 20;
   const char* seed_env = getenv("THINFS_KILL_SEED");
-  const uint64_t seed = seed_env != nullptr
-                            ? strtoull(seed_env, nullptr, 0)
-                            : static_cast<uint64_t>(
-                                  std::chrono::system_clock::now().time_since_epoch().count());
-  printf("THINFS_KILL_SEED=%llu THINFS_KILL_ITERATIONS=%d\n",
-         static_cast<unsigned long long>(seed), iterations);
+  const uint64_t seed =
+      seed_env != nullptr
+          ? strtoull(seed_env, nullptr, 0)
+          : static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  printf("THINFS_KILL_SEED=%llu THINFS_KILL_ITERATIONS=%d\n", static_cast<unsigned long long>(seed),
+         iterations);
   fflush(stdout);
   std::mt19937_64 rng(seed);
 
@@ -274,7 +273,7 @@ TEST_F(KillLoopTest, SigkillAtRandomMomentsKeepsAcknowledgedData) {
     std::mutex mu;
     std::vector<Snapshot> taken;
     std::vector<std::string> deleted;  // delete returned 0
-    std::set<std::string> attempted;    // delete issued, whatever its result
+    std::set<std::string> attempted;   // delete issued, whatever its result
     uint64_t cseed = rng();
     std::thread control([&] {
       std::mt19937_64 crng(cseed);
@@ -285,8 +284,8 @@ TEST_F(KillLoopTest, SigkillAtRandomMomentsKeepsAcknowledgedData) {
           Snapshot s{"s" + std::to_string(it) + "-" + std::to_string(k++),
                      static_cast<int>(crng() % kVolumes), 0, 0, it};
           s.log_start = FileSize(LogOf(s.origin));
-          CommandResult r = Thinfs({"snapshot", pool_, Name(s.origin), s.name},
-                                   std::chrono::seconds(30));
+          CommandResult r =
+              Thinfs({"snapshot", pool_, Name(s.origin), s.name}, std::chrono::seconds(30));
           s.log_end = FileSize(LogOf(s.origin));
           if (r.exit_code == 0) {
             std::lock_guard<std::mutex> l(mu);
@@ -373,8 +372,8 @@ TEST_F(KillLoopTest, SigkillAtRandomMomentsKeepsAcknowledgedData) {
       if (!exists) {
         // Allowed only when a delete of it was in flight at the kill.
         if (attempted.count(s.name) > 0) continue;
-        ADD_FAILURE() << "snapshot " << s.name << " (of " << Name(s.origin)
-                      << ", iteration " << s.iteration << ") is missing";
+        ADD_FAILURE() << "snapshot " << s.name << " (of " << Name(s.origin) << ", iteration "
+                      << s.iteration << ") is missing";
         ++errors;
         continue;
       }
@@ -398,11 +397,12 @@ TEST_F(KillLoopTest, SigkillAtRandomMomentsKeepsAcknowledgedData) {
   for (const std::vector<uint64_t>& b : base) {
     for (uint64_t x : b) records += x != 0;
   }
-  printf("%d kills: %llu record writes/punches, %llu fsyncs, %d snapshots taken, %d deleted, %d "
-         "resizes, %zu snapshots left, %llu slots hold records\n",
-         iterations, static_cast<unsigned long long>(total_ops),
-         static_cast<unsigned long long>(total_syncs), total_snapshots, total_deletes,
-         total_resizes, snapshots.size(), static_cast<unsigned long long>(records));
+  printf(
+      "%d kills: %llu record writes/punches, %llu fsyncs, %d snapshots taken, %d deleted, %d "
+      "resizes, %zu snapshots left, %llu slots hold records\n",
+      iterations, static_cast<unsigned long long>(total_ops),
+      static_cast<unsigned long long>(total_syncs), total_snapshots, total_deletes, total_resizes,
+      snapshots.size(), static_cast<unsigned long long>(records));
 }
 
 }  // namespace
