@@ -4,7 +4,9 @@
 #      end-to-end with real mounts and loop devices, benchmark smoke runs);
 #   2. clang with ASan+UBSan in build-asan/: the unit, end-to-end and
 #      regression tests again (the daemon runs under the sanitizers too);
-#   3. the Debian package built from build-test/, installed, used through
+#   3. clang with TSan in build-tsan/: the engine's concurrency tests
+#      (scripts/tsan.sh);
+#   4. the Debian package built from build-test/, installed, used through
 #      its installed files only, and purged (scripts/package-test.sh).
 # Exits non-zero if any build or test fails. Needs root (mounts, losetup,
 # apt-get). With CI set, a missing /dev/fuse or loop device fails the tests
@@ -27,8 +29,11 @@ cmake --build build-asan -j2
 # Fewer random seeds under the sanitizers (each run is ~5x slower); the
 # gcc run above covers the default counts.
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  THINFS_MODEL_SEEDS=12 THINFS_POWERLOSS_SEEDS=3 \
+  THINFS_MODEL_SEEDS=12 THINFS_POWERLOSS_SEEDS=3 THINFS_KILL_ITERATIONS=8 \
   ctest --test-dir build-asan --output-on-failure -j2 -L '^(core|meta|tools|e2e|regress)$'
+
+echo "== clang TSan build and the concurrency tests (build-tsan/)"
+bash scripts/tsan.sh
 
 echo "== Debian package: build, install, use, purge"
 THINFS_PKG_BUILD_DIR=build-test bash scripts/package-test.sh
