@@ -1922,9 +1922,12 @@ Status Pool::ShareRange(VolumeId src_id, uint64_t src_offset, VolumeId dst_id,
     }
   }
 
-  ReaderLock io_src(&src->io_mu);
-  std::optional<ReaderLock> io_dst;
-  if (dst != src) io_dst.emplace(&dst->io_mu);
+  // Both device locks in id order, as the clone path above takes them: a
+  // copy a->b and a copy b->a on the other path must not each hold the
+  // lock the other waits for (tests/regress/issue_6_share_range_lock_order).
+  ReaderLock io_first(src->id <= dst->id ? &src->io_mu : &dst->io_mu);
+  std::optional<ReaderLock> io_second;
+  if (dst != src) io_second.emplace(src->id <= dst->id ? &dst->io_mu : &src->io_mu);
   uint64_t ssize = src->size.load();
   uint64_t dsize = dst->size.load();
   if (src_offset >= ssize) return Status::Ok();

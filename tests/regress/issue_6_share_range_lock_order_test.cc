@@ -6,9 +6,8 @@
 // other waits for: copy_file_range A->B at equal offsets and B->A at
 // different offsets deadlock the mount.
 //
-// DISABLED until core/pool.cc takes the two io_mu in id order on both
-// paths: when the bug triggers this test hangs (the watchdog aborts after
-// 20 s). Run with --gtest_also_run_disabled_tests.
+// Fixed by taking the two io_mu in id order on both paths. When the bug
+// is back this test hangs; the watchdog aborts after 20 s.
 
 #include <gtest/gtest.h>
 
@@ -26,7 +25,7 @@ namespace {
 using testing::EngineFixture;
 using testing::Pattern;
 
-TEST(Issue6ShareRangeLockOrderTest, DISABLED_OppositeCopiesDoNotDeadlock) {
+TEST(Issue6ShareRangeLockOrderTest, OppositeCopiesDoNotDeadlock) {
   constexpr uint64_t kBs = 4096;
   EngineFixture f(kBs, 4096);
   ASSERT_TRUE(f.pool->CreateDevice("a", 64 * kBs).ok());
