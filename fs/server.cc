@@ -458,27 +458,36 @@ void OnSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
   });
 }
 
+// Creates the device behind mknod/create of a regular file. On failure
+// replies (EPERM for anything but a regular file) and returns nullopt.
+std::optional<DeviceInfo> CreateRegular(fuse_req_t req, Server* server, const char* name,
+                                        mode_t mode, const char* op) {
+  if (!S_ISREG(mode)) {
+    // Only thin devices live here.
+    fuse_reply_err(req, EPERM);
+    return std::nullopt;
+  }
+  const fuse_ctx* ctx = fuse_req_ctx(req);
+  DeviceAttrs attrs{static_cast<uint32_t>(S_IFREG | (mode & 07777)), ctx->uid, ctx->gid};
+  Result<VolumeId> id = server->pool()->CreateDevice(name, 0, attrs);
+  if (!id.ok()) {
+    ReplyError(req, id.status(), op);
+    return std::nullopt;
+  }
+  Result<DeviceInfo> info = server->pool()->GetDevice(*id);
+  if (!info.ok()) {
+    ReplyError(req, info.status(), op);
+    return std::nullopt;
+  }
+  return *info;
+}
+
 void OnMknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t) noexcept {
   Guarded(req, "mknod", [&] {
     if (!IsRootChild(req, parent)) return;
-    if (!S_ISREG(mode)) {
-      // Only thin devices live here.
-      fuse_reply_err(req, EPERM);
-      return;
-    }
     Server* server = ServerOf(req);
-    const fuse_ctx* ctx = fuse_req_ctx(req);
-    DeviceAttrs attrs{static_cast<uint32_t>(S_IFREG | (mode & 07777)), ctx->uid, ctx->gid};
-    Result<VolumeId> id = server->pool()->CreateDevice(name, 0, attrs);
-    if (!id.ok()) {
-      ReplyError(req, id.status(), "mknod");
-      return;
-    }
-    Result<DeviceInfo> info = server->pool()->GetDevice(*id);
-    if (!info.ok()) {
-      ReplyError(req, info.status(), "mknod");
-      return;
-    }
+    std::optional<DeviceInfo> info = CreateRegular(req, server, name, mode, "mknod");
+    if (!info) return;
     fuse_entry_param e = server->EntryOf(*info);
     fuse_reply_entry(req, &e);
   });
@@ -567,30 +576,16 @@ void OnCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
               fuse_file_info* fi) noexcept {
   Guarded(req, "create", [&] {
     if (!IsRootChild(req, parent)) return;
-    if (!S_ISREG(mode)) {
-      fuse_reply_err(req, EPERM);
-      return;
-    }
     Server* server = ServerOf(req);
-    const fuse_ctx* ctx = fuse_req_ctx(req);
-    DeviceAttrs attrs{static_cast<uint32_t>(S_IFREG | (mode & 07777)), ctx->uid, ctx->gid};
-    Result<VolumeId> id = server->pool()->CreateDevice(name, 0, attrs);
-    if (!id.ok()) {
-      ReplyError(req, id.status(), "create");
-      return;
-    }
-    Result<DeviceInfo> info = server->pool()->GetDevice(*id);
-    if (!info.ok()) {
-      ReplyError(req, info.status(), "create");
-      return;
-    }
-    Result<FileHandle*> handle = server->OpenHandle(*id);
+    std::optional<DeviceInfo> info = CreateRegular(req, server, name, mode, "create");
+    if (!info) return;
+    Result<FileHandle*> handle = server->OpenHandle(info->id);
     if (!handle.ok()) {
       ReplyError(req, handle.status(), "create");
       return;
     }
     fi->fh = reinterpret_cast<uint64_t>(*handle);
-    SetOpenFlags(server, *id, fi);
+    SetOpenFlags(server, info->id, fi);
     fuse_entry_param e = server->EntryOf(*info);
     if (fuse_reply_create(req, &e, fi) != 0) server->CloseHandle(*handle);
   });

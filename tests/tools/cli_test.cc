@@ -18,6 +18,7 @@
 
 #include "meta/pool_dir.h"
 #include "tests/tools/json_parser.h"
+#include "tests/util/cli_runner.h"
 #include "tests/util/pool_test_util.h"
 
 namespace thinfs {
@@ -31,44 +32,9 @@ using testing::TempDir;
 using testing::TreeDigest;
 using testing::WriteFileOrDie;
 
-struct CliRun {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-// Runs THINFS_BINARY with `args`, stdin from /dev/null, capturing output.
-CliRun Thinfs(const std::vector<std::string>& args) {
-  TempDir io;
-  const std::string out_path = io.Sub("out"), err_path = io.Sub("err");
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    int in = ::open("/dev/null", O_RDONLY);
-    int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (in < 0 || out < 0 || err < 0) ::_exit(127);
-    ::dup2(in, 0);
-    ::dup2(out, 1);
-    ::dup2(err, 2);
-    std::vector<char*> argv;
-    argv.push_back(const_cast<char*>(THINFS_BINARY));
-    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execv(THINFS_BINARY, argv.data());
-    ::_exit(127);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  CliRun r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = ReadFileOrDie(out_path);
-  r.err = ReadFileOrDie(err_path);
-  return r;
-}
-
-std::string Describe(const CliRun& r) {
-  return "exit " + std::to_string(r.exit_code) + "\nstdout:\n" + r.out + "stderr:\n" + r.err;
-}
+using testing::CliRun;
+using testing::Describe;
+using testing::Thinfs;
 
 // A failure reports exactly one line on stderr, "thinfs CMD: ...".
 void ExpectOneLineError(const CliRun& r, const std::string& prefix, const std::string& needle) {
