@@ -96,10 +96,12 @@ class Server {
       : pool_(pool),
         config_(config),
         block_size_(pool->geometry().block_size()),
-        on_ready_(std::move(on_ready)) {}
+        on_ready_(std::move(on_ready)),
+        counts_(config.counts != nullptr ? config.counts : &own_counts_) {}
 
   Pool* pool() const { return pool_; }
   const ServeConfig& config() const { return config_; }
+  RequestCounts& counts() { return *counts_; }
 
   void Ready() {
     if (on_ready_) on_ready_();
@@ -277,6 +279,8 @@ class Server {
   const ServeConfig config_;
   const uint64_t block_size_;
   std::function<void()> on_ready_;  // called once, by the INIT worker
+  RequestCounts own_counts_;
+  RequestCounts* const counts_;
 
   // Lock order: resize_mu_ before mu_. Neither is held across a reply.
   // Serialises size changes so that concurrent grow-on-write and truncate
@@ -397,6 +401,7 @@ void OnForgetMulti(fuse_req_t req, size_t, fuse_forget_data*) noexcept { fuse_re
 
 void OnGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) noexcept {
   Guarded(req, "getattr", [&] {
+    ServerOf(req)->counts().getattr.fetch_add(1, std::memory_order_relaxed);
     Result<struct stat> st = ServerOf(req)->StatIno(ino);
     if (!st.ok()) {
       ReplyError(req, st.status(), "getattr");
@@ -605,6 +610,7 @@ std::byte* ReadBuffer(size_t size) {
 
 void OnRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) noexcept {
   Guarded(req, "read", [&] {
+    ServerOf(req)->counts().read.fetch_add(1, std::memory_order_relaxed);
     FileHandle* handle = FileOf(fi);
     std::byte* buf = ReadBuffer(size);
     Result<size_t> n = handle->volume->Read(static_cast<uint64_t>(off), std::span(buf, size));
@@ -620,6 +626,7 @@ void OnWrite(fuse_req_t req, fuse_ino_t, const char* data, size_t size, off_t of
              fuse_file_info* fi) noexcept {
   Guarded(req, "write", [&] {
     Server* server = ServerOf(req);
+    server->counts().write.fetch_add(1, std::memory_order_relaxed);
     FileHandle* handle = FileOf(fi);
     uint64_t offset = static_cast<uint64_t>(off);
     Status s = server->GrowTo(*handle->volume, handle->id, offset + size);
@@ -773,12 +780,20 @@ void OnStatfs(fuse_req_t req, fuse_ino_t) noexcept {
   });
 }
 
-void OnNoXattr(fuse_req_t req) noexcept { fuse_reply_err(req, ENOTSUP); }
+// ENOSYS, not ENOTSUP: the kernel then remembers that this file system has
+// no xattrs (fc->no_getxattr etc.) and answers EOPNOTSUPP itself. With
+// ENOTSUP it would ask again on every write(2), because file_remove_privs
+// looks up security.capability each time: one extra round trip per write.
+void OnNoXattr(fuse_req_t req) noexcept {
+  ServerOf(req)->counts().xattr.fetch_add(1, std::memory_order_relaxed);
+  fuse_reply_err(req, ENOSYS);
+}
 void OnSetxattr(fuse_req_t req, fuse_ino_t, const char*, const char*, size_t, int) noexcept {
   OnNoXattr(req);
 }
 void OnGetxattr(fuse_req_t req, fuse_ino_t, const char*, size_t) noexcept { OnNoXattr(req); }
 void OnListxattr(fuse_req_t req, fuse_ino_t, size_t size) noexcept {
+  ServerOf(req)->counts().xattr.fetch_add(1, std::memory_order_relaxed);
   // An empty list rather than an error: ls -l and cp -a ask.
   if (size == 0) {
     fuse_reply_xattr(req, 0);
@@ -1022,6 +1037,12 @@ Status Serve(Pool* pool, const ServeConfig& config, std::function<void()> on_rea
   fuse_session_unmount(se);
   fuse_remove_signal_handlers(se);
   fuse_session_destroy(se);
+  RequestCounts& n = server.counts();
+  THINFS_LOG_INFO("served %llu reads, %llu writes, %llu getattrs, %llu xattr requests",
+                  static_cast<unsigned long long>(n.read.load()),
+                  static_cast<unsigned long long>(n.write.load()),
+                  static_cast<unsigned long long>(n.getattr.load()),
+                  static_cast<unsigned long long>(n.xattr.load()));
   if (rc < 0) return Status::FromErrno(-rc, "FUSE loop");
   if (rc > 0) THINFS_LOG_INFO("got signal %d, unmounted %s", rc, config.mountpoint.c_str());
   return Status::Ok();

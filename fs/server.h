@@ -15,6 +15,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -24,6 +25,15 @@
 #include "core/types.h"
 
 namespace thinfs::fs {
+
+// Requests served, by kind: logged when the loop ends, and read by tests
+// (e.g. that a write(2) costs one request, not a write plus a getxattr).
+struct RequestCounts {
+  std::atomic<uint64_t> read{0};
+  std::atomic<uint64_t> write{0};
+  std::atomic<uint64_t> getattr{0};
+  std::atomic<uint64_t> xattr{0};  // get/set/list/removexattr
+};
 
 struct ServeConfig {
   std::string fsname;      // "thinfs:/abs/pool" (shown by mount and df)
@@ -38,6 +48,8 @@ struct ServeConfig {
   int64_t root_ctime_ns = 0;
   // Worker threads kept idle by libfuse's loop.
   unsigned max_idle_threads = 16;
+  // Where to count requests; nullptr: the server keeps its own counts.
+  RequestCounts* counts = nullptr;
 };
 
 // Mounts `pool` on config.mountpoint and serves it until the file system is

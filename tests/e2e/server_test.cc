@@ -121,6 +121,7 @@ class ServerTest : public ::testing::Test {
     config.mountpoint = mnt_;
     config.root_uid = getuid();
     config.root_gid = getgid();
+    config.counts = &counts_;
     return config;
   }
 
@@ -167,6 +168,7 @@ class ServerTest : public ::testing::Test {
   std::unique_ptr<Pool> pool_;
   std::thread serve_thread_;
   Status serve_status_;
+  mutable RequestCounts counts_;  // Config() is const
   bool serving_ = false;
 };
 
@@ -190,6 +192,32 @@ TEST_F(ServerTest, RootListsDevicesWithStableInodes) {
   ASSERT_EQ(stat(mnt_.c_str(), &root), 0);
   EXPECT_EQ(root.st_ino, 1u);
   EXPECT_EQ(root.st_mode & 07777, 0755u);
+}
+
+// A write(2) must cost one FUSE request. The kernel looks up
+// security.capability before every write (file_remove_privs); answering that
+// getxattr with ENOTSUP made it ask again each time, doubling the round trips
+// of 4 KiB writes. ENOSYS makes it remember that there are no xattrs.
+TEST_F(ServerTest, WritesCostOneRequestEach) {
+  Mount();
+  MakeFile("v", 64 * kBlockSize);
+  Fd fd(open(Path("v").c_str(), O_WRONLY));
+  ASSERT_GE(fd.get(), 0);
+  std::vector<char> buf(4096, 'w');
+  constexpr int kWrites = 200;
+  const uint64_t writes_before = counts_.write.load();
+  const uint64_t xattr_before = counts_.xattr.load();
+  for (int i = 0; i < kWrites; ++i) {
+    ASSERT_EQ(pwrite(fd.get(), buf.data(), buf.size(), (i * 7919 % 1024) * 4096),
+              static_cast<ssize_t>(buf.size()));
+  }
+  EXPECT_EQ(counts_.write.load() - writes_before, static_cast<uint64_t>(kWrites));
+  EXPECT_LE(counts_.xattr.load() - xattr_before, 1u) << "xattr round trips per write";
+  // User-visible behaviour stays: no xattrs, EOPNOTSUPP (== ENOTSUP).
+  errno = 0;
+  char value[16];
+  EXPECT_EQ(getxattr(Path("v").c_str(), "user.x", value, sizeof value), -1);
+  EXPECT_EQ(errno, ENOTSUP);
 }
 
 TEST_F(ServerTest, UnalignedAndCrossBlockWritesReadBack) {
