@@ -93,14 +93,30 @@ void DeviceJson(const DeviceInfo& d, const DeviceUsage& u, JsonWriter* j) {
   j->EndObject();
 }
 
-// The device `name` with its usage, as the reply to a change.
-AdminReply DeviceReply(Pool& pool, const std::string& name, const std::string& text) {
+// How a device's usage is found for a reply.
+enum class UsageOf {
+  kScan,      // ComputeUsage: reads the device's block map
+  kNew,       // a new empty device: nothing mapped
+  kSnapshot,  // a new snapshot: everything it maps, its origin maps too
+};
+
+// The device `name` with its usage, as the reply to a change. Creating a
+// device or a snapshot stays O(1): their usage is known without a scan.
+AdminReply DeviceReply(Pool& pool, const std::string& name, const std::string& text,
+                       UsageOf how = UsageOf::kScan) {
   Result<DeviceInfo> info = pool.GetDevice(name);
   if (!info.ok()) return FromStatus(info.status());
-  Result<DeviceUsage> usage = pool.ComputeUsage(info->id);
-  if (!usage.ok()) return FromStatus(usage.status());
+  DeviceUsage usage;
+  if (how == UsageOf::kSnapshot) {
+    usage.mapped_blocks = info->mapped_blocks;
+    usage.shared_blocks = info->mapped_blocks;
+  } else if (how == UsageOf::kScan) {
+    Result<DeviceUsage> scanned = pool.ComputeUsage(info->id);
+    if (!scanned.ok()) return FromStatus(scanned.status());
+    usage = *scanned;
+  }
   JsonWriter j;
-  DeviceJson(*info, *usage, &j);
+  DeviceJson(*info, usage, &j);
   AdminReply reply;
   reply.text = text;
   reply.json = j.str();
@@ -209,8 +225,8 @@ AdminReply Dispatch(Pool& pool, const AdminRequest& req, const AdminContext& ctx
     Result<VolumeId> id = pool.CreateDevice(name, *size, ctx.create_attrs);
     if (!id.ok()) return FromStatus(id.status());
     if (ctx.entry_changed) ctx.entry_changed(name);
-    return DeviceReply(pool, name,
-                       "created device " + name + " (" + FormatSize(*size) + ")\n");
+    return DeviceReply(pool, name, "created device " + name + " (" + FormatSize(*size) + ")\n",
+                       UsageOf::kNew);
   }
   if (cmd == "snapshot") {
     const std::string& source = arg("source");
@@ -222,7 +238,8 @@ AdminReply Dispatch(Pool& pool, const AdminRequest& req, const AdminContext& ctx
     Result<VolumeId> id = pool.CreateSnapshot(source, name);
     if (!id.ok()) return FromStatus(id.status());
     if (ctx.entry_changed) ctx.entry_changed(name);
-    return DeviceReply(pool, name, "created snapshot " + name + " of " + source + "\n");
+    return DeviceReply(pool, name, "created snapshot " + name + " of " + source + "\n",
+                       UsageOf::kSnapshot);
   }
   if (cmd == "delete") {
     const std::string& name = arg("name");

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "core/check.h"
+#include "core/map_cache.h"
 #include "core/mutex.h"
 #include "core/transaction.h"
 
@@ -108,6 +109,10 @@ struct VolumeState {
   // Bumped by every change of content; a partial whole-device clone is
   // extended in O(1) only while neither side changed.
   std::atomic<uint64_t> write_gen{0};
+  // Bumped, with io_mu held exclusively, by every change that alters how
+  // many blocks resolve at once (parent, parent_limit, size): entries of the
+  // map cache made before no longer match.
+  std::atomic<uint64_t> map_gen{0};
   // The partial clone this device is (see Pool::ShareRange).
   const VolumeState* clone_src = nullptr;  // guarded by io_mu
   uint64_t clone_src_gen = 0;
@@ -157,7 +162,8 @@ struct Pool::Impl {
         store(std::move(m)),
         options(o),
         geometry(data->geometry().block_size(), data->geometry().data_blocks(),
-                 o.force_generic_geometry_for_testing) {}
+                 o.force_generic_geometry_for_testing),
+        map_cache(o.map_cache_bytes / MapCache<Resolved>::EntryBytes()) {}
 
   // ---- Constant after construction ----
   std::unique_ptr<BlockDevice> data;
@@ -165,6 +171,9 @@ struct Pool::Impl {
   std::unique_ptr<MetadataStore> store;
   const PoolOptions options;
   const Geometry geometry;
+  // What (device, block) resolves to, in front of Resolve (see
+  // core/map_cache.h): SetEdit invalidates, VolumeState::map_gen expires.
+  MapCache<Resolved> map_cache;
 
   // ---- Commit ----
   // Serialises commits. Outermost lock.
@@ -303,11 +312,30 @@ struct Pool::Impl {
 
   // REQUIRES: swap_mu held shared.
   void SetEdit(VolumeId dev, uint64_t b, Epoch epoch, std::optional<MapValue> value) {
-    Shard& s = ShardOf(dev.value, b);
-    MutexLock l(&s.mu);
-    auto [it, inserted] = s.active.try_emplace(BlockKey{dev.value, b});
-    if (inserted) overlay_keys.fetch_add(1, std::memory_order_release);
-    SetEditIn(&it->second, epoch, value);
+    {
+      Shard& s = ShardOf(dev.value, b);
+      MutexLock l(&s.mu);
+      auto [it, inserted] = s.active.try_emplace(BlockKey{dev.value, b});
+      if (inserted) overlay_keys.fetch_add(1, std::memory_order_release);
+      SetEditIn(&it->second, epoch, value);
+    }
+    // After the edit is visible: a resolve that raced with it cannot fill.
+    // Only (dev, b) itself needs it: versions a descendant reads through
+    // are never edited while the descendant can reach them (snapshots see
+    // older epochs only; GC drops a version only once nothing reaches it).
+    map_cache.Invalidate(dev.value, b);
+  }
+
+  // Resolve through the map cache. Also answers "own version" questions: a
+  // device's own version, when it has one, is what it resolves to.
+  Result<Resolved> CachedResolve(const VolumeState& vol, uint64_t b) {
+    const uint64_t gen = vol.map_gen.load(std::memory_order_acquire);
+    Resolved r;
+    MapCache<Resolved>::Ticket ticket;
+    if (map_cache.Lookup(vol.id.value, b, gen, &r, &ticket)) return r;
+    THINFS_ASSIGN_OR_RETURN(r, Resolve(vol, b));
+    map_cache.Fill(ticket, vol.id.value, b, gen, r);
+    return r;
   }
 
   // Newest own version of (dev, b) with epoch <= max_epoch.
@@ -561,7 +589,11 @@ struct Pool::Impl {
     const bool whole = off == 0 && buf.size() == bs;
     WriterLock stripe(&Stripe(vol.id, b));
     Epoch e = vol.epoch.load();
-    THINFS_ASSIGN_OR_RETURN(std::optional<Version> own, FindOwn(vol.id, b, e));
+    // The newest own version at or below e: what vol resolves to when it has
+    // one (versions above e do not exist; a snapshot raises e before any).
+    THINFS_ASSIGN_OR_RETURN(const Resolved resolved, CachedResolve(vol, b));
+    std::optional<Version> own;
+    if (resolved.found && resolved.owner == vol.id) own = Version{resolved.epoch, resolved.value};
     const bool zeros = options.zero_detection && IsAllZero(buf);
     if (own && own->epoch == e && !own->value.tombstone()) {
       bool exclusive = true;
@@ -575,12 +607,8 @@ struct Pool::Impl {
         return data->Write(own->value.block, off, buf);
       }
     }
-    Resolved before;
-    if (own) {
-      before = Resolved{true, vol.id, own->epoch, own->value};
-    } else {
-      THINFS_ASSIGN_OR_RETURN(before, ResolveParent(vol, b));
-    }
+    // Without an own version, vol resolves to what its parent shows.
+    const Resolved& before = resolved;
     if (zeros && (whole || !before.mapped())) {
       // Zeros over a block that reads as zeros change nothing; a whole
       // block of zeros unmaps.
@@ -615,7 +643,7 @@ struct Pool::Impl {
 
   Status ReadBlock(VolumeState& vol, uint64_t b, uint64_t off, std::span<std::byte> buf) {
     ReaderLock stripe(&Stripe(vol.id, b));
-    THINFS_ASSIGN_OR_RETURN(Resolved r, Resolve(vol, b));
+    THINFS_ASSIGN_OR_RETURN(Resolved r, CachedResolve(vol, b));
     if (!r.mapped()) {
       std::memset(buf.data(), 0, buf.size());
       return Status::Ok();
@@ -1150,6 +1178,7 @@ Status Pool::Impl::ResizeLocked(VolumeState& st, uint64_t new_size) {
       st.mapped.fetch_sub(hidden);
       MutexLock d(&devices_mu);
       st.parent_limit.store(keep);
+      st.map_gen.fetch_add(1, std::memory_order_release);
       ScheduleChainGc(st.parent.get());
     }
     THINFS_RETURN_IF_ERROR(
@@ -1876,6 +1905,7 @@ Status Pool::ShareRange(VolumeId src_id, uint64_t src_offset, VolumeId dst_id,
         dst->parent = src;
         dst->parent_epoch = e;
         dst->parent_limit.store(0);
+        dst->map_gen.fetch_add(1, std::memory_order_release);
         src->epoch.store(e + 1);
         src->dirty.store(true);
         src->children.push_back(dst.get());
@@ -1904,7 +1934,10 @@ Status Pool::ShareRange(VolumeId src_id, uint64_t src_offset, VolumeId dst_id,
         ReaderLock swap(&p.swap_mu);
         MutexLock d(&p.devices_mu);
         uint64_t limit = g.BlockOf(whole_end);
-        if (limit > dst->parent_limit.load()) dst->parent_limit.store(limit);
+        if (limit > dst->parent_limit.load()) {
+          dst->parent_limit.store(limit);
+          dst->map_gen.fetch_add(1, std::memory_order_release);
+        }
         // mapped_blocks: exact once the whole device is covered, else an
         // upper bound until then.
         dst->mapped.store(std::min<int64_t>(src->mapped.load(), static_cast<int64_t>(limit)));

@@ -54,6 +54,10 @@ struct PoolOptions {
   std::chrono::milliseconds commit_interval{1000};
   // A whole-block write of zeros unmaps instead of provisioning.
   bool zero_detection = true;
+  // Memory for the block-map cache in front of the metadata store
+  // (core/map_cache.h): what recently used (device, block)s resolve to.
+  // Rounded down to a power of two of entries; 0 turns it off.
+  size_t map_cache_bytes = size_t{16} << 20;
   // Refuse every change with kReadOnly.
   bool read_only = false;
   // Run the garbage collector in a background thread. Tests turn it off and

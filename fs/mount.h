@@ -34,6 +34,8 @@ struct MountOptions {
   bool allow_other = false;
   std::chrono::milliseconds commit_interval{1000};
   size_t block_cache_bytes = 64 << 20;
+  // Block-map cache in front of RocksDB (core/map_cache.h), bytes; 0 off.
+  size_t map_cache_bytes = 16 << 20;
   bool zero_detection = true;
   bool direct_io = false;  // O_DIRECT on the data file
   bool writeback_cache = false;
@@ -56,6 +58,7 @@ struct MountOptions {
 //   commit_interval=DUR         periodic commit; DUR is N, Nms, Ns or Nm
 //                               (bare N = milliseconds, 0 = off)
 //   cache_size=SIZE             metadata block cache; SIZE is N[K|M|G]
+//   map_cache=SIZE              block-map cache in memory (default 16M; 0 off)
 //   zero_detect=on|off          whole-block zero writes unmap (default on)
 //   direct_io=on|off            O_DIRECT on the pool's data file (default off)
 //   writeback_cache=on|off      kernel writeback cache (default off)

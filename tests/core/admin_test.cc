@@ -73,6 +73,20 @@ TEST_F(AdminTest, CreateListAndJson) {
   r = Run("snapshot", {{"source", "vol"}, {"name", "snap"}});
   ASSERT_EQ(r.exit_code, kAdminOk) << r.error;
   EXPECT_NE(r.text.find("created snapshot snap of vol"), std::string::npos) << r.text;
+  {
+    // The reply's usage is known without a scan (snapshots stay O(1)) and
+    // must equal one.
+    AdminReply j = Run("snapshot", {{"source", "vol"}, {"name", "snap2"}, {"json", "1"}});
+    ASSERT_EQ(j.exit_code, kAdminOk) << j.error;
+    JsonValue s2 = ParseJson(j.json);
+    Result<DeviceUsage> scan = f_.pool->ComputeUsage(f_.pool->GetDevice("snap2")->id);
+    ASSERT_TRUE(scan.ok());
+    EXPECT_EQ(s2["mapped_blocks"].AsUint(), scan->mapped_blocks);
+    EXPECT_EQ(s2["exclusive_blocks"].AsUint(), scan->exclusive_blocks);
+    EXPECT_EQ(s2["shared_blocks"].AsUint(), scan->shared_blocks);
+    EXPECT_EQ(scan->mapped_blocks, 3u);
+    ASSERT_EQ(Run("delete", {{"name", "snap2"}}).exit_code, kAdminOk);
+  }
   WriteBlocks("vol", 2, 2, 'b');  // block 2 copied on write, block 3 new
 
   r = Run("list", {{"json", "1"}});

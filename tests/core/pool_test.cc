@@ -74,7 +74,11 @@ TEST(PoolTest, GenericGeometryPathGivesSameResults) {
 // Invariant 1: a snapshot writes a constant number of records, and reads of
 // the origin do the same work however many snapshots exist.
 TEST(PoolTest, Invariant1SnapshotIsConstantSize) {
-  EngineFixture f(kBs, 4096);
+  // Counts store lookups, so without the map cache (which would answer the
+  // second read from memory); MapCacheAnswersRepeatedReads covers it.
+  PoolOptions options = EngineFixture::DefaultOptions();
+  options.map_cache_bytes = 0;
+  EngineFixture f(kBs, 4096, options);
   for (uint64_t mapped : {uint64_t{10}, uint64_t{1000}}) {
     std::string name = "o" + std::to_string(mapped);
     ASSERT_TRUE(f.pool->CreateDevice(name, 2000 * kBs).ok());
@@ -98,6 +102,66 @@ TEST(PoolTest, Invariant1SnapshotIsConstantSize) {
   before = f.counting->finds.load();
   ASSERT_TRUE(v->Read(0, buf).ok());
   EXPECT_EQ(f.counting->finds.load() - before, with_one);
+}
+
+// The map cache answers repeated reads and in-place writes without the
+// store, and every change of a block is seen at once: by the device that
+// made it, by its snapshots (which keep the old contents) and after
+// resize/clone changes of a whole device.
+TEST(PoolTest, MapCacheAnswersRepeatedReadsAndSeesEveryChange) {
+  EngineFixture f(kBs, 256);
+  ASSERT_TRUE(f.pool->CreateDevice("o", 16 * kBs).ok());
+  auto o = Open(*f.pool, "o");
+  for (uint64_t b = 0; b < 8; ++b) ASSERT_OK(o->Write(b * kBs, Pattern(kBs, b)));
+  ASSERT_OK(f.pool->Commit());
+  std::vector<std::byte> buf(8 * kBs);
+  ASSERT_TRUE(o->Read(0, buf).ok());  // fills
+  uint64_t before = f.counting->finds.load();
+  ASSERT_TRUE(o->Read(0, buf).ok());
+  ASSERT_OK(o->Write(3 * kBs + 5, Pattern(7, 99)));  // in place
+  EXPECT_EQ(f.counting->finds.load() - before, 0u) << "cached reads and in-place writes";
+
+  // A snapshot keeps the old block; the origin's COW write is seen by both.
+  ASSERT_TRUE(f.pool->CreateSnapshot("o", "s").ok());
+  auto s = Open(*f.pool, "s");
+  std::vector<std::byte> one(kBs);
+  ASSERT_TRUE(s->Read(2 * kBs, one).ok());
+  EXPECT_EQ(one, Pattern(kBs, 2));
+  ASSERT_OK(o->Write(2 * kBs, Pattern(kBs, 42)));
+  ASSERT_TRUE(o->Read(2 * kBs, one).ok());
+  EXPECT_EQ(one, Pattern(kBs, 42));
+  ASSERT_TRUE(s->Read(2 * kBs, one).ok());
+  EXPECT_EQ(one, Pattern(kBs, 2));
+  // Discard through the cache.
+  ASSERT_OK(o->Discard(1 * kBs, kBs));
+  ASSERT_TRUE(o->Read(1 * kBs, one).ok());
+  EXPECT_EQ(one, std::vector<std::byte>(kBs));
+  // Shrink and grow: the dropped tail reads zeros, in the snapshot too once
+  // it is resized (a whole-device change, not a per-block edit).
+  ASSERT_TRUE(s->Read(5 * kBs, one).ok());
+  EXPECT_EQ(one, Pattern(kBs, 5));
+  ASSERT_OK(f.pool->ResizeDevice("s", 4 * kBs));
+  ASSERT_OK(f.pool->ResizeDevice("s", 16 * kBs));
+  ASSERT_TRUE(s->Read(5 * kBs, one).ok());
+  EXPECT_EQ(one, std::vector<std::byte>(kBs));
+  ASSERT_TRUE(o->Read(5 * kBs, one).ok());
+  EXPECT_EQ(one, Pattern(kBs, 5));
+
+  // A clone onto an empty device changes what all its blocks resolve to
+  // (a new parent, then a growing parent limit): reads cached before each
+  // step must not survive it.
+  ASSERT_TRUE(f.pool->CreateDevice("c", 16 * kBs).ok());
+  auto c = Open(*f.pool, "c");
+  std::vector<std::byte> all(16 * kBs);
+  ASSERT_TRUE(c->Read(0, all).ok());  // caches "unmapped" everywhere
+  const std::vector<std::byte> want = f.ReadAll("o");
+  for (uint64_t off = 0; off < 16 * kBs; off += 6 * kBs) {
+    ASSERT_OK(f.pool->ShareRange(o->id(), off, c->id(), off, std::min(6 * kBs, 16 * kBs - off)));
+    ASSERT_TRUE(c->Read(0, all).ok());
+    EXPECT_EQ(std::memcmp(all.data(), want.data(), std::min(off + 6 * kBs, 16 * kBs)), 0)
+        << "after cloning up to " << off + 6 * kBs;
+  }
+  EXPECT_EQ(f.pool->GetDevice("c")->parent_name, "o");
 }
 
 // Invariant 2: writing a shared block copies it; an unshared one is written
