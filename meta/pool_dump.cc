@@ -45,8 +45,12 @@ Result<DumpStats> DumpPool(MetadataStore* store, std::FILE* out, const std::stri
   THINFS_ASSIGN_OR_RETURN(MappingWalk walk, MappingWalk::Open(store));
   const Superblock& sb = walk.superblock();
   const std::vector<const DeviceRecord*> devices = walk.VisibleDevices();
-  auto progress = [&](const char* phase, uint64_t done) {
-    if (options.progress) options.progress(phase, done, devices.size());
+  // Progress in mapped blocks: counted in pass 1 (total unknown), then
+  // written out of the known total.
+  constexpr uint64_t kProgressEvery = 4096;
+  uint64_t walked = 0;
+  auto tick = [&](const char* phase, uint64_t total) {
+    if (options.progress && ++walked % kProgressEvery == 0) options.progress(phase, walked, total);
   };
 
   // Pass 1: count each device's blocks and find the shared data blocks.
@@ -55,7 +59,6 @@ Result<DumpStats> DumpPool(MetadataStore* store, std::FILE* out, const std::stri
   ShareMap shares(sb.data_blocks);
   std::vector<uint64_t> mapped(devices.size());
   for (size_t i = 0; i < devices.size(); ++i) {
-    progress("scanning devices", i);
     THINFS_RETURN_IF_ERROR(walk.ForEach(devices[i]->id, [&](const ResolvedMapping& m) {
       if (m.block.value >= sb.data_blocks) {
         return Status::Corruption("device " + std::to_string(devices[i]->id.value) +
@@ -66,6 +69,7 @@ Result<DumpStats> DumpPool(MetadataStore* store, std::FILE* out, const std::stri
       }
       if (shares.Add(m.block.value)) ++stats.shared_blocks;
       ++mapped[i];
+      tick("scanning mappings", 0);
       return Status::Ok();
     }));
     stats.mapped_blocks += mapped[i];
@@ -75,6 +79,7 @@ Result<DumpStats> DumpPool(MetadataStore* store, std::FILE* out, const std::stri
   };
 
   // Pass 2: write.
+  walked = 0;
   if (options.format == DumpFormat::kXml) {
     ThinXmlWriter w(out);
     ThinSuperblock tsb;
@@ -85,7 +90,6 @@ Result<DumpStats> DumpPool(MetadataStore* store, std::FILE* out, const std::stri
     tsb.nr_data_blocks = sb.data_blocks;
     w.BeginSuperblock(tsb);
     for (size_t i = 0; i < devices.size(); ++i) {
-      progress("writing devices", i);
       ThinDevice td;
       td.dev_id = devices[i]->id.value;
       td.mapped_blocks = mapped[i];
@@ -93,6 +97,7 @@ Result<DumpStats> DumpPool(MetadataStore* store, std::FILE* out, const std::stri
       w.BeginDevice(td);
       THINFS_RETURN_IF_ERROR(walk.ForEach(devices[i]->id, [&](const ResolvedMapping& m) {
         w.Map(m.vblock.value, m.block.value, time_of(m));
+        tick("writing mappings", stats.mapped_blocks);
         return Status::Ok();
       }));
       w.EndDevice();
@@ -112,7 +117,6 @@ Result<DumpStats> DumpPool(MetadataStore* store, std::FILE* out, const std::stri
         .Key("shared_blocks").Uint(stats.shared_blocks)
         .Key("devices").BeginArray();
     for (size_t i = 0; i < devices.size(); ++i) {
-      progress("writing devices", i);
       const DeviceRecord& d = *devices[i];
       j.BeginObject()
           .Key("dev_id").Uint(d.id.value)
@@ -142,6 +146,7 @@ Result<DumpStats> DumpPool(MetadataStore* store, std::FILE* out, const std::stri
       };
       THINFS_RETURN_IF_ERROR(walk.ForEach(d.id, [&](const ResolvedMapping& m) {
         const uint64_t t = time_of(m);
+        tick("writing mappings", stats.mapped_blocks);
         if (open && m.vblock.value == r.origin_begin + r.length &&
             m.block.value == r.data_begin + r.length && t == r.time) {
           r.length++;
@@ -162,7 +167,6 @@ Result<DumpStats> DumpPool(MetadataStore* store, std::FILE* out, const std::stri
       return Status::FromErrno(errno != 0 ? errno : EIO, "write " + what);
     }
   }
-  progress("writing devices", devices.size());
 
   if (options.table != nullptr) {
     std::fputs(kDeviceTableHeader, options.table);

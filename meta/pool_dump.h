@@ -41,7 +41,9 @@ struct DumpOptions {
   // one line per device "DEV_ID<TAB>SIZE_BYTES<TAB>NAME" (what `thinfs
   // restore --table` reads back).
   std::FILE* table = nullptr;
-  // Called now and then: devices done (of total) in each of the two passes.
+  // Called now and then: mapped blocks walked so far, in a first pass that
+  // counts them (total 0: unknown) and a second that writes them (of the
+  // total).
   std::function<void(const char* phase, uint64_t done, uint64_t total)> progress;
 };
 

@@ -210,7 +210,8 @@ Result<MetaBatch> Plan(Collector& c, const std::map<uint64_t, TableEntry>& table
   MetaBatch batch;
   const int64_t now = NowNs();
   uint64_t next_id = max_id + 1;
-  uint64_t done = 0;
+  uint64_t done = 0, total = 0;
+  for (const RestoredDevice& d : c.devices()) total += d.blocks;
   for (RestoredDevice& d : c.devices()) {
     DeviceRecord r;
     r.id = VolumeId(d.dev_id != 0 ? d.dev_id : next_id++);
@@ -233,7 +234,7 @@ Result<MetaBatch> Plan(Collector& c, const std::map<uint64_t, TableEntry>& table
         batch.put_mappings.push_back(MapEntry{r.id, VolumeBlock(m.origin_begin + i), 0, v});
       }
       done += m.length;
-      if (options.progress) options.progress("building the block map", done, 0);
+      if (options.progress) options.progress("building the block map", done, total);
     }
     stats->mapped_blocks += d.blocks;
   }
