@@ -21,9 +21,10 @@
 #include "core/size.h"
 #include "meta/pool_check.h"
 #include "meta/pool_dir.h"
-#include "tools/control_client.h"
 #include "tools/cli.h"
+#include "tools/daemon_checkpoint.h"
 #include "tools/json.h"
+#include "tools/progress.h"
 
 namespace thinfs::tools {
 
@@ -56,33 +57,6 @@ struct Report {
   void Warning(std::string s) {
     if (warning_count++ < kMaxListed) warnings.push_back(std::move(s));
   }
-};
-
-// Progress on stderr, only when it is a terminal.
-class ProgressLine {
- public:
-  ProgressLine() : tty_(::isatty(2) == 1) {}
-  ~ProgressLine() {
-    if (shown_) std::fprintf(stderr, "\r\033[K");
-  }
-  ProgressLine(const ProgressLine&) = delete;
-  ProgressLine& operator=(const ProgressLine&) = delete;
-  void Show(const char* phase, uint64_t done, uint64_t total) {
-    if (!tty_) return;
-    shown_ = true;
-    if (total > 0) {
-      std::fprintf(stderr, "\r\033[Kchecking %s: %llu%%", phase,
-                   static_cast<unsigned long long>(done * 100 / total));
-    } else {
-      std::fprintf(stderr, "\r\033[Kchecking %s: %llu", phase,
-                   static_cast<unsigned long long>(done));
-    }
-    std::fflush(stderr);
-  }
-
- private:
-  const bool tty_;
-  bool shown_ = false;
 };
 
 // Opens the bitmap; with `repair`, replaces one that cannot be opened by
@@ -135,7 +109,7 @@ Status CheckOpenPool(const meta::PoolPaths& paths, const Superblock& sb, meta::R
   }
   std::unique_ptr<meta::BitmapSpaceMap> bitmap = OpenBitmap(paths, sb, read_only, repair, r);
 
-  ProgressLine progress;
+  ProgressLine progress("checking ");
   meta::CheckOptions options;
   options.repair = repair;
   options.max_listed = kMaxListed;
@@ -164,37 +138,15 @@ Status CheckOpenPool(const meta::PoolPaths& paths, const Superblock& sb, meta::R
 // by the daemon and is not checked. Sets *answered to false when no daemon
 // answers on the control socket.
 Status CheckMountedPool(const meta::PoolPaths& paths, Report* r, bool* answered) {
-  std::string tmpl = paths.root + "/.check-XXXXXX";
-  if (::mkdtemp(tmpl.data()) == nullptr) return Status::FromErrno(errno, "mkdtemp " + tmpl);
-  // RocksDB creates the checkpoint directory itself.
-  ::rmdir(tmpl.c_str());
-  char abs[PATH_MAX];
-  std::string dir = ::realpath(paths.root.c_str(), abs) != nullptr
-                        ? std::string(abs) + tmpl.substr(tmpl.rfind('/'))
-                        : tmpl;
-  struct Cleanup {
-    std::string dir;
-    ~Cleanup() {
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
-    }
-  } cleanup{dir};
-  AdminRequest request;
-  request.command = "checkpoint";
-  request.args = {{"dir", dir}};
-  std::optional<Result<AdminReply>> call = CallDaemon(paths.root, request);
-  if (!call) {
-    *answered = false;
-    return Status::Ok();
-  }
-  *answered = true;
-  if (!call->ok()) return call->status();
-  if ((*call)->exit_code != kAdminOk) return Status::IOError((*call)->error);
+  THINFS_ASSIGN_OR_RETURN(std::unique_ptr<DaemonCheckpoint> checkpoint,
+                          DaemonCheckpoint::Take(paths, ".check-", answered));
+  if (!*answered) return Status::Ok();
+  const std::string& dir = checkpoint->dir();
   meta::RocksDbOptions store_options;
   store_options.read_only = true;
   THINFS_ASSIGN_OR_RETURN(std::unique_ptr<meta::RocksDbStore> store,
                           meta::RocksDbStore::Open(dir, store_options));
-  ProgressLine progress;
+  ProgressLine progress("checking ");
   meta::CheckOptions options;
   options.max_listed = kMaxListed;
   options.progress = [&progress](const char* phase, uint64_t done, uint64_t total) {

@@ -25,6 +25,9 @@ const std::vector<Command>& Commands() {
       {"list", "list devices with their block usage", RunList},
       {"mount", "serve a pool's devices as files through FUSE", RunMount},
       {"umount", "unmount a thinfs mount", RunUmount},
+      {"dump", "write a pool's metadata as thin_dump XML or JSON", RunDump},
+      {"restore", "create a pool from thin_dump XML over existing data", RunRestore},
+      {"metadata-size", "estimate the metadata space of a pool geometry", RunMetadataSize},
   };
   return kCommands;
 }
@@ -37,10 +40,10 @@ void PrintHelp(std::ostream& out) {
          "shared data area and the metadata that maps every thin device onto it.\n\n"
          "Commands:\n";
   for (const Command& c : Commands()) {
-    out << "  " << c.name << std::string(10 - std::string(c.name).size(), ' ') << c.summary
+    out << "  " << c.name << std::string(15 - std::string(c.name).size(), ' ') << c.summary
         << "\n";
   }
-  out << "  help      show the usage of a command (thinfs help COMMAND)\n\n"
+  out << "  help           show the usage of a command (thinfs help COMMAND)\n\n"
          "Run 'thinfs COMMAND --help' for a command's arguments and options.\n\n"
       << kExitCodesHelp;
 }

@@ -72,6 +72,8 @@ const CommandSpec kCommands[] = {
     {"rename", {"--json", "--help", "Example"}},
     {"list", {"--json", "--help", "Example", "exclusive_blocks"}},
     {"grow", {"--size", "--json", "--help", "Example", "Shrinking is refused"}},
+    {"dump", {"--format", "--output", "--table", "--help", "Example"}},
+    {"restore", {"--from", "--data", "--table", "--help", "Example"}},
 };
 
 // The device commands, each with valid arguments after POOL.
