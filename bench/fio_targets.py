@@ -194,7 +194,9 @@ class Stack:
 
     def _setup_btrfs(self, size):
         backing, mnt = self.path("btrfs.img"), self.path("btrfs-mnt")
-        make_file(backing, 2 * size + 512 * MiB)
+        # btrfs frees an unlinked copy's extents only at its next commit:
+        # room for two copies beside the origin, and a sync after unlink.
+        make_file(backing, 4 * size + 1024 * MiB)
         dev = self.loop(backing)
         run(["mkfs.btrfs", "-q", "-f", dev])
         self.mount(dev, mnt, "btrfs")
@@ -204,6 +206,7 @@ class Stack:
         def reset():
             if os.path.exists(f):
                 os.unlink(f)
+                run(["sync", "-f", mnt])
             run(["cp", "--reflink=always", origin, f])
 
         self.targets["btrfs-reflink"] = Target(
