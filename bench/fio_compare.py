@@ -1,244 +1,70 @@
 #!/usr/bin/env python3
-"""fio through the whole stack: thinfs vs the same file without FUSE.
+"""fio through the whole stack: thinfs against its peers (issue 5's suite).
 
-Sets up, in a fresh temp directory under --dir (one file system for all):
-  raw               a SIZE file on the host file system;
-  thinfs            a SIZE volume in a freshly formatted and mounted pool
-                    (the Release build's `thinfs format` + `thinfs mount`);
-  raw-loop-ext4     ext4 on a loop device over a plain file, fio on a file
-                    inside;
-  thinfs-loop-ext4  ext4 on a loop device over a thinfs volume, fio on a
-                    file inside.
-Every fio file is written once before round 1 (untimed), so every round does
-the same work. Jobs (fio, JSON output):
-  seqwrite   1 MiB sequential write of SIZE, end_fsync=1
-  seqread    1 MiB sequential read of SIZE
-  randread   4 KiB random read, 1 job, psync
-  randwrite  4 KiB random write, 1 job, psync
-  randread4j / randwrite4j  the same with 4 jobs
-  randread-qd32  4 KiB random read, libaio, iodepth 32, direct=1 (n/a where
-             O_DIRECT is refused)
-Rounds interleave the targets job by job (A B C D A B C D ...). Between jobs
-(untimed) every file of the target's stack is fsynced and, with --cache cold
-(the default), dropped from the page cache (fio file, loop backing file,
-pool/data), so a job never pays for another's write-back nor reads another's
-cache. Reports medians with min-max, ratios to raw (and thinfs-loop-ext4 to
-raw-loop-ext4), and a Student's t comparison at 95% in the manner of
-ministat. --quick: 1 round, small files, 1 s jobs; exits non-zero unless the
-table is complete (it never judges a timing).
+One command sets up, in a fresh temp directory under --dir (one host file
+system for all), every target (bench/fio_targets.py), runs the fio jobs
+below interleaved target by target, job by job, round by round, tears
+everything down, then times snapshot creation vs origin size
+(bench/snapshot_time.py) in a second temp directory, removed right after.
 
-Needs root (mount, losetup), /dev/fuse, fio, losetup, mkfs.ext4. Exits 77
-(skip) when they are missing, unless CI is set in the environment (then 1).
-Cleans up mounts, loop devices and the daemon on any exit.
+Targets: raw, fuse-passthrough (libfuse's passthrough_ll), qcow2-qsd and
+qcow2-qsd-snap (qemu-storage-daemon FUSE export), btrfs-reflink, thinfs,
+thinfs-snap, raw-loop-ext4, thinfs-loop-ext4 (and opt-in thinfs-alt).
+Non-COW targets are written once before round 1 (untimed), so their jobs
+overwrite; COW targets (-snap, -reflink) get a new snapshot/copy of a fully
+written origin before every job, so their writes copy on write.
+Jobs (fio, JSON output; metric in brackets):
+  seqwrite1M       1 MiB sequential write of SIZE, end_fsync=1   [MiB/s]
+  seqread1M        1 MiB sequential read of SIZE                 [MiB/s]
+  randwrite4k      4 KiB random write, 1 job, psync, QD1         [IOPS]
+  randread4k       4 KiB random read, 1 job, psync, QD1          [IOPS]
+  randrw4k-4jobs   4 KiB random 50/50 read/write, 4 jobs, psync  [IOPS, r+w]
+  randread4k-qd32  4 KiB random read, libaio, iodepth 32, direct=1 (n/a
+                   where O_DIRECT is refused)                    [IOPS]
+Between jobs (untimed) every file of the target's stack is fsynced and, with
+--cache cold (default), evicted from the page cache. Reports medians with
+min-max, ratios to raw, Student's t at 95% (as ministat) for the pairs of
+issue 5's targets and --compare pairs, a PNG chart (gnuplot), and whether
+issue 5's targets 1-5 are met in this run. --quick: 1 round, 32 MiB files,
+0.5 s jobs, 32/128 MiB snapshot origins; exits non-zero unless every table is
+complete (it never judges a timing).
+
+Needs root, /dev/fuse, loop devices, fio, mkfs.ext4, mkfs.btrfs, qemu-img,
+qemu-io, qemu-storage-daemon, gnuplot, the thinfs and passthrough_ll
+binaries. Exits 77 (skip) when they are missing, unless CI is set in the
+environment (then 1: nothing is skipped silently in CI). Cleans up mounts,
+loop devices and daemons on any exit (exception, SIGINT, SIGTERM, SIGHUP).
 """
 
-import argparse
-import datetime
-import json
-import math
-import os
-import platform
-import shlex
-import shutil
-import signal
-import statistics
-import subprocess
 import sys
-import tempfile
-import time
 
-MiB = 1 << 20
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import shlex  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import time  # noqa: E402
+
+import fio_report  # noqa: E402
+import snapshot_time  # noqa: E402
+from benchlib import MiB, loadavg, log, parse_size, run, size_label  # noqa: E402
+from fio_targets import ALT, TARGETS, TOOLS, Stack  # noqa: E402
 
 JOBS = [
     # name, rw, bs, numjobs, extra fio args, metric
-    ("seqwrite", "write", "1M", 1, ["--end_fsync=1"], "MiB/s"),
-    ("seqread", "read", "1M", 1, [], "MiB/s"),
-    ("randread", "randread", "4k", 1, [], "IOPS"),
-    ("randwrite", "randwrite", "4k", 1, [], "IOPS"),
-    ("randread4j", "randread", "4k", 4, [], "IOPS"),
-    ("randwrite4j", "randwrite", "4k", 4, [], "IOPS"),
-    ("randread-qd32", "randread", "4k", 1,
+    ("seqwrite1M", "write", "1M", 1, ["--end_fsync=1"], "MiB/s"),
+    ("seqread1M", "read", "1M", 1, [], "MiB/s"),
+    ("randwrite4k", "randwrite", "4k", 1, [], "IOPS"),
+    ("randread4k", "randread", "4k", 1, [], "IOPS"),
+    ("randrw4k-4jobs", "randrw", "4k", 4, ["--rwmixread=50"], "IOPS"),
+    ("randread4k-qd32", "randread", "4k", 1,
      ["--ioengine=libaio", "--iodepth=32", "--direct=1"], "IOPS"),
 ]
-TARGETS = ["raw", "thinfs", "raw-loop-ext4", "thinfs-loop-ext4"]
-# Opt-in A/B target (not in the default --targets): a second pool mounted with
-# --alt-mount-options and/or the --alt-thinfs binary, interleaved with the
-# others, so that a lever is measured against `thinfs` in the same run.
-ALT = "thinfs-alt"
-# Two-sided 95% Student's t critical values for 1..30 degrees of freedom.
-T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-       2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-       2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
-
-
-def log(msg):
-    print(f"fio_compare: {msg}", file=sys.stderr, flush=True)
-
-
-def run(cmd, check=True, **kw):
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       text=True, **kw)
-    if check and r.returncode != 0:
-        raise RuntimeError(f"{shlex.join(cmd)} failed ({r.returncode}): "
-                           f"{r.stderr.strip() or r.stdout.strip()}")
-    return r
-
-
-def parse_size(s):
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    s = s.strip().lower().rstrip("ib")
-    if s and s[-1] in units:
-        return int(s[:-1]) * units[s[-1]]
-    return int(s)
-
-
-class Target:
-    def __init__(self, name, fio_file, flush_files):
-        self.name = name
-        self.fio_file = fio_file
-        # Files whose dirty pages and cache are flushed/dropped between jobs,
-        # top of the stack first.
-        self.flush_files = flush_files
-        self.direct_ok = None
-
-
-class Stack:
-    """Everything set up, torn down in reverse order on any exit."""
-
-    def __init__(self, args):
-        self.args = args
-        self.work = tempfile.mkdtemp(prefix="thinfs_fio_", dir=args.dir)
-        self.undo = []  # (description, callable), run last-first
-        self.targets = {}
-        self.daemon_pid = None
-
-    def teardown(self):
-        while self.undo:
-            what, fn = self.undo.pop()
-            try:
-                fn()
-            except Exception as e:  # keep tearing down the rest
-                log(f"cleanup: {what}: {e}")
-        shutil.rmtree(self.work, ignore_errors=True)
-
-    def _mount_ext4_on_loop(self, backing, mnt):
-        dev = run(["losetup", "--find", "--show", backing]).stdout.strip()
-        self.undo.append((f"losetup -d {dev}", lambda: run(["losetup", "-d", dev])))
-        run(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0",
-             dev])
-        os.makedirs(mnt)
-        run(["mount", "-t", "ext4", dev, mnt])
-        self.undo.append((f"umount {mnt}", lambda: umount(mnt)))
-        return dev
-
-    def setup(self):
-        a = self.args
-        size, loop_size = a.size, a.size + 256 * MiB
-        w = self.work
-        want = set(a.targets)
-        if "raw" in want:
-            f = os.path.join(w, "raw.img")
-            with open(f, "wb") as fh:
-                fh.truncate(size)
-            self.targets["raw"] = Target("raw", f, [f])
-        if want & {"thinfs", "thinfs-loop-ext4"}:
-            pool, mnt = os.path.join(w, "pool"), os.path.join(w, "mnt")
-            pool_size = size + loop_size + 512 * MiB
-            run([a.thinfs, "format", pool, "--size", str(pool_size),
-                 "--block-size", a.block_size])
-            os.makedirs(mnt)
-            cmd = [a.thinfs, "mount", pool, mnt]
-            if a.mount_options:
-                cmd += ["-o", a.mount_options]
-            run(cmd)
-            # Default arguments bind this pool: `pool`/`mnt` are reused below.
-            self.undo.append(("thinfs umount",
-                              lambda pool=pool, mnt=mnt: self._stop_thinfs(pool, mnt)))
-            with open(os.path.join(pool, "lock")) as fh:
-                self.daemon_pid = int(fh.read().strip() or 0) or None
-            data = os.path.join(pool, "data")
-            if "thinfs" in want:
-                f = os.path.join(mnt, "vol")
-                with open(f, "wb") as fh:
-                    fh.truncate(size)
-                self.targets["thinfs"] = Target("thinfs", f, [f, data])
-            if "thinfs-loop-ext4" in want:
-                backing = os.path.join(mnt, "loopvol")
-                with open(backing, "wb") as fh:
-                    fh.truncate(loop_size)
-                m = os.path.join(w, "thinfs-loop-mnt")
-                self._mount_ext4_on_loop(backing, m)
-                f = os.path.join(m, "fio.dat")
-                with open(f, "wb") as fh:
-                    fh.truncate(size)
-                self.targets["thinfs-loop-ext4"] = Target(
-                    "thinfs-loop-ext4", f, [f, backing, data])
-        if ALT in want:
-            pool, mnt = os.path.join(w, "pool-alt"), os.path.join(w, "mnt-alt")
-            binary = a.alt_thinfs or a.thinfs
-            run([binary, "format", pool, "--size", str(size + 512 * MiB),
-                 "--block-size", a.block_size])
-            os.makedirs(mnt)
-            cmd = [binary, "mount", pool, mnt]
-            if a.alt_mount_options:
-                cmd += ["-o", a.alt_mount_options]
-            run(cmd)
-            with open(os.path.join(pool, "lock")) as fh:
-                alt_pid = int(fh.read().strip() or 0) or None
-            self.undo.append(("thinfs-alt umount",
-                              lambda pool=pool, mnt=mnt, binary=binary, alt_pid=alt_pid:
-                              self._stop_thinfs(pool, mnt, binary, alt_pid)))
-            f = os.path.join(mnt, "vol")
-            with open(f, "wb") as fh:
-                fh.truncate(size)
-            self.targets[ALT] = Target(ALT, f, [f, os.path.join(pool, "data")])
-        if "raw-loop-ext4" in want:
-            backing = os.path.join(w, "raw-loop.img")
-            with open(backing, "wb") as fh:
-                fh.truncate(loop_size)
-            m = os.path.join(w, "raw-loop-mnt")
-            self._mount_ext4_on_loop(backing, m)
-            f = os.path.join(m, "fio.dat")
-            with open(f, "wb") as fh:
-                fh.truncate(size)
-            self.targets["raw-loop-ext4"] = Target("raw-loop-ext4", f, [f, backing])
-        for t in self.targets.values():
-            t.direct_ok = supports_direct(t.fio_file)
-
-    def _stop_thinfs(self, pool, mnt, binary=None, pid=None):
-        r = run([binary or self.args.thinfs, "umount", mnt], check=False)
-        if r.returncode != 0:
-            run(["umount", "-l", mnt], check=False)
-        pid = pid or self.daemon_pid
-        if pid:
-            for _ in range(300):  # the final commit may take a moment
-                if not os.path.exists(f"/proc/{pid}"):
-                    return
-                time.sleep(0.1)
-            log(f"daemon {pid} still running after unmount: SIGTERM")
-            os.kill(pid, signal.SIGTERM)
-
-
-def umount(mnt):
-    if run(["umount", mnt], check=False).returncode != 0:
-        time.sleep(0.5)
-        run(["umount", "-l", mnt])
-
-
-def supports_direct(path):
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    except OSError:
-        return False
-    try:
-        import mmap
-        buf = mmap.mmap(-1, 4096)
-        os.preadv(fd, [buf], 0)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
 
 
 def settle(target, drop):
@@ -261,61 +87,24 @@ def fio(args, target, job, size, runtime, out_json):
            "--ioengine=psync", "--output-format=json", f"--output={out_json}",
            f"--invalidate={1 if args.cache == 'cold' else 0}", "--randrepeat=0"]
     if rw.startswith("rand"):
-        cmd += [f"--runtime={runtime}", "--time_based"]
+        cmd += [f"--runtime={round(runtime * 1000)}ms", "--time_based"]
     cmd += extra
     run(cmd)
     with open(out_json) as fh:
         text = fh.read()
     # fio may print notes before the JSON object.
-    data = json.loads(text[text.index("{"):])
-    j = data["jobs"][0]
-    side = j["write"] if "write" in rw else j["read"]
-    return {"MiB/s": side["bw_bytes"] / MiB, "IOPS": side["iops"]}
+    j = json.loads(text[text.index("{"):])["jobs"][0]
+    sides = [j[s] for s in (["read", "write"] if rw == "randrw"
+                            else ["write"] if "write" in rw else ["read"])]
+    return {"MiB/s": sum(s["bw_bytes"] for s in sides) / MiB,
+            "IOPS": sum(s["iops"] for s in sides)}
 
 
 def prewrite(target, size):
-    cmd = ["fio", "--name=prewrite", f"--filename={target.fio_file}", "--rw=write",
-           "--bs=1M", f"--size={size}", "--end_fsync=1", "--output-format=json",
-           "--output=/dev/null"]
-    run(cmd)
+    run(["fio", "--name=prewrite", f"--filename={target.fio_file}", "--rw=write",
+         "--bs=1M", f"--size={size}", "--end_fsync=1", "--output-format=json",
+         "--output=/dev/null"])
 
-
-# ---- statistics --------------------------------------------------------------
-
-def med_cell(v, prec=0):
-    if not v:
-        return "n/a"
-    return f"{statistics.median(v):.{prec}f} ({min(v):.{prec}f}–{max(v):.{prec}f})"
-
-
-def ratio_cell(a, b):
-    """Median (min-max) of per-round ratios a[i]/b[i]."""
-    r = [x / y for x, y in zip(a, b) if y]
-    if not r:
-        return "n/a"
-    return f"{statistics.median(r):.2f} ({min(r):.2f}–{max(r):.2f})"
-
-
-def ministat(x, y):
-    """y vs x as ministat prints it: difference of means at 95% with the
-    pooled standard deviation, or no difference proven."""
-    nx, ny = len(x), len(y)
-    if nx < 2 or ny < 2:
-        return None
-    mx, my = statistics.mean(x), statistics.mean(y)
-    vx, vy = statistics.variance(x), statistics.variance(y)
-    df = nx + ny - 2
-    t = T95[df - 1] if df <= len(T95) else 1.960
-    s = math.sqrt(((nx - 1) * vx + (ny - 1) * vy) / df)
-    e = t * s * math.sqrt(1 / nx + 1 / ny)
-    d = my - mx
-    return {"mean_x": mx, "sd_x": math.sqrt(vx), "mean_y": my, "sd_y": math.sqrt(vy),
-            "diff": d, "ci": e, "pct": 100 * d / mx if mx else float("nan"),
-            "pct_ci": 100 * e / mx if mx else float("nan"), "pooled_s": s,
-            "proven": abs(d) > e}
-
-
-# ---- report --------------------------------------------------------------------
 
 def machine():
     def out(cmd):
@@ -324,163 +113,182 @@ def machine():
         except OSError:
             return "n/a"
     cpu = "n/a"
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        with open("/proc/loadavg") as fh:
-            load = " ".join(fh.read().split()[:3])
-    except OSError:
-        load = "n/a"
+    with open("/proc/cpuinfo") as fh:
+        for line in fh:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
     return {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "loadavg": load,
-            "nproc": out(["nproc"]), "cpu": cpu, "kernel": platform.release(),
-            "free_h": out(["free", "-h"]), "fio": out(["fio", "--version"])}
+            "loadavg": loadavg(), "nproc": out(["nproc"]), "cpu": cpu,
+            "kernel": platform.release(), "free_h": out(["free", "-h"]),
+            "fio": out(["fio", "--version"]),
+            "qemu": out(["qemu-storage-daemon", "--version"]).split("\n")[0],
+            "btrfs": out(["btrfs", "--version"])}
 
 
-def report(args, cmdline, results, fs_type, mach, jobs, targets):
-    L = []
-    L.append("## fio through the whole stack\n")
-    L.append(f"```\n{cmdline}\n```\n")
-    L.append(f"- date: {mach['date']}; kernel {mach['kernel']}; {mach['nproc']} CPUs "
-             f"({mach['cpu']}); {mach['fio']}; files on {fs_type} "
-             f"(`{args.dir}`); load average at start {mach['loadavg_start']}, at end "
-             f"{mach['loadavg']} (the machine is shared: a FUSE request needs two extra "
-             "wake-ups, which wait for a CPU when others keep both busy).")
-    L.append("- `free -h`:\n\n```\n" + mach["free_h"] + "\n```\n")
-    L.append(f"- {args.rounds} round(s), targets interleaved job by job; size "
-             f"{args.size // MiB} MiB; random jobs {args.runtime} s time-based; "
-             f"cache {args.cache}; thinfs block size {args.block_size}, mount options "
-             f"`{args.mount_options or '(defaults)'}`"
-             + (f"; {ALT}: mount options `{args.alt_mount_options or '(defaults)'}`, binary "
-                f"`{args.alt_thinfs or args.thinfs}`" if ALT in targets else "")
-             + ". Cells: median (min–max) of the "
-             "rounds; ratios: median (min–max) of the per-round ratios.\n")
-    hdr = "| job | unit | " + " | ".join(targets)
-    ratio_cols = [t for t in targets if t != "raw" and "raw" in targets]
-    hdr += "".join(f" | {t}/raw" for t in ratio_cols)
-    loop_pair = "raw-loop-ext4" in targets and "thinfs-loop-ext4" in targets
-    if loop_pair:
-        hdr += " | thinfs-loop/raw-loop"
-    alt_pair = "thinfs" in targets and ALT in targets
-    if alt_pair:
-        hdr += " | thinfs-alt/thinfs"
-    hdr += " |"
-    L.append(hdr)
-    L.append("|" + "---|" * (hdr.count("|") - 1))
-    for job in jobs:
-        name, unit = job[0], job[5]
-        row = f"| {name} | {unit} | "
-        cells = []
-        for t in targets:
-            v = results[t][name]
-            if v is None:
-                cells.append("n/a (no O_DIRECT)")
-            else:
-                cells.append(med_cell(v, 0 if unit == "IOPS" else 1))
-        row += " | ".join(cells)
-        for t in ratio_cols:
-            a, b = results[t][name], results["raw"][name]
-            row += " | " + (ratio_cell(a, b) if a and b else "n/a")
-        if loop_pair:
-            a, b = results["thinfs-loop-ext4"][name], results["raw-loop-ext4"][name]
-            row += " | " + (ratio_cell(a, b) if a and b else "n/a")
-        if alt_pair:
-            a, b = results[ALT][name], results["thinfs"][name]
-            row += " | " + (ratio_cell(a, b) if a and b else "n/a")
-        L.append(row + " |")
+def expected_minutes(args, n_targets, jobs):
+    """A rough estimate from runs on the 2-CPU development VM: ~200 MiB/s
+    for sequential jobs; per job ~1 s to start fio and reset, plus the
+    write-back of what it dirtied (~SIZE at ~400 MiB/s)."""
+    seq = sum(1 for j in jobs if not j[1].startswith("rand"))
+    per_job = (1 + args.size / (400 * MiB)
+               + (seq * args.size / (200 * MiB) + (len(jobs) - seq) * args.runtime) / len(jobs))
+    fio_s = args.rounds * n_targets * len(jobs) * per_job + n_targets * args.size / (200 * MiB)
+    snap_s = 0
+    if not args.no_snapshots:
+        snap_s = 4 * sum(args.snap_sizes) / (250 * MiB) + 6 * 2 * args.snap_reps * 0.2 + 10
+    return (fio_s + snap_s) / 60
+
+
+def report(args, cmdline, results, fs_type, mach, jobs, targets, stack_targets, snap):
+    L = ["## fio through the whole stack: thinfs vs its peers\n",
+         f"```\n{cmdline}\n```\n",
+         f"- date: {mach['date']}; kernel {mach['kernel']}; {mach['nproc']} CPUs "
+         f"({mach['cpu']}); {mach['fio']}; {mach['qemu']}; {mach['btrfs']}; files on "
+         f"{fs_type} (`{args.dir}`).",
+         f"- load average (1/5/15 min) at start {mach['loadavg_start']}, at end "
+         f"{mach['loadavg']}: the machine is shared with other engineers' compiles, "
+         "so every figure carries their noise (a FUSE request needs two extra "
+         "wake-ups, which wait for a CPU when others keep both busy).",
+         "- `free -h`:\n\n```\n" + mach["free_h"] + "\n```\n",
+         f"- {args.rounds} round(s), targets interleaved job by job; size "
+         f"{size_label(args.size)}; random jobs {args.runtime:g} s time-based; cache "
+         f"{args.cache}; thinfs block size {args.block_size}, mount options "
+         f"`{args.mount_options or '(defaults)'}`"
+         + (f"; {ALT}: mount options `{args.alt_mount_options or '(defaults)'}`, binary "
+            f"`{args.alt_thinfs or args.thinfs}`" if ALT in targets else "")
+         + f"; wall time of the fio part {mach['fio_minutes']:.1f} min. Cells: median "
+         "(min–max) of the rounds; ratios: median (min–max) of the per-round ratios.",
+         "- What the write jobs measure per target: "
+         + "; ".join(f"{t}: {stack_targets[t].semantics}" for t in targets) + ".\n"]
+    L += fio_report.results_table(results, jobs, targets)
     L.append("")
-    pairs = [(x, y) for x, y in (("raw", "thinfs"), ("raw-loop-ext4", "thinfs-loop-ext4"),
-                                 ("thinfs", ALT))
+    if args.chart_png:
+        L.append(f"![ratio to raw per job and target]({os.path.basename(args.chart_png)})\n")
+    L.append("### Issue 5's targets 1–4 in this run (ratios of medians)\n")
+    goal_lines, verdict = fio_report.goals_table(results, jobs)
+    L += goal_lines
+    L.append("")
+    L.append("Per goal: " + ", ".join(f"{k}: {v}" for k, v in sorted(verdict.items()))
+             + ".\n")
+    ref = fio_report.reference_table(results, jobs)
+    if ref:
+        L.append("### Peers' ratio to raw: this run vs the issue's reference\n")
+        L += ref
+        L.append("")
+    pairs = [(x, y) for x, y in fio_report.PAIRS + args.compare
              if x in targets and y in targets]
     if pairs:
-        L.append("Student's t at 95% confidence, as `ministat` computes it (x = first, "
-                 "y = second; difference of the means with the pooled standard deviation):\n")
-        L.append("| job | x | y | mean x ± sd | mean y ± sd | difference (y − x) | "
-                 "relative | verdict |")
-        L.append("|---|---|---|---:|---:|---:|---:|---|")
-        for job in jobs:
-            for x, y in pairs:
-                a, b = results[x][job[0]], results[y][job[0]]
-                m = ministat(a, b) if a and b else None
-                if m is None:
-                    L.append(f"| {job[0]} | {x} | {y} | | | | | n/a (needs ≥ 2 rounds "
-                             "on both sides) |")
-                    continue
-                L.append(f"| {job[0]} | {x} | {y} | {m['mean_x']:.1f} ± {m['sd_x']:.1f} | "
-                         f"{m['mean_y']:.1f} ± {m['sd_y']:.1f} | {m['diff']:+.1f} ± "
-                         f"{m['ci']:.1f} | {m['pct']:+.1f}% ± {m['pct_ci']:.1f}% | "
-                         + ("difference at 95%" if m["proven"]
-                            else "no difference proven at 95%") + " |")
+        L.append("### Student's t at 95% confidence, as `ministat` computes it\n")
+        L.append("x = first, y = second; difference of the means with the pooled "
+                 "standard deviation.\n")
+        L += fio_report.t_table(results, jobs, pairs)
         L.append("")
-    return "\n".join(L) + "\n"
+    if snap is not None:
+        times, sizes, reps = snap
+        L.append("### Snapshot creation time vs origin size\n")
+        snap_lines, snap_verdict = snapshot_time.report(times, sizes, reps)
+        L += snap_lines
+        verdict[5] = snap_verdict
+    return "\n".join(L) + "\n", verdict
 
 
 def prerequisites(args):
     missing = []
     if os.geteuid() != 0:
         missing.append("root (mount, losetup)")
-    if not os.path.exists("/dev/fuse"):
-        missing.append("/dev/fuse")
-    for tool in ("fio", "losetup", "mkfs.ext4", "fusermount3"):
-        if shutil.which(tool) is None:
-            missing.append(tool)
-    if not os.path.exists("/dev/loop-control"):
-        missing.append("/dev/loop-control")
-    if not (os.path.isfile(args.thinfs) and os.access(args.thinfs, os.X_OK)):
-        missing.append(f"thinfs binary {args.thinfs}")
+    for dev in ("/dev/fuse", "/dev/loop-control"):
+        if not os.path.exists(dev):
+            missing.append(dev)
+    tools = {"fio", "losetup", "fusermount3", "gnuplot"}
+    for t in args.targets:
+        tools.update(TOOLS.get(t, []))
+    if not args.no_snapshots:
+        tools.update(["qemu-img", "qemu-io", "mkfs.btrfs", "btrfs", "cp"])
+    missing += sorted(t for t in tools if shutil.which(t) is None)
+    binaries = [args.thinfs]
+    if "fuse-passthrough" in args.targets:
+        binaries.append(args.passthrough)
+    for b in binaries:
+        if not (os.path.isfile(b) and os.access(b, os.X_OK)):
+            missing.append(f"binary {b}")
     return missing
 
 
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(here)
-    default_bin = next((p for p in (os.path.join(root, "build-rel", "thinfs"),
-                                    os.path.join(root, "build", "thinfs"))
-                        if os.path.exists(p)), os.path.join(root, "build", "thinfs"))
+    build = next((os.path.join(root, d) for d in ("build-rel", "build")
+                  if os.path.exists(os.path.join(root, d, "thinfs"))),
+                 os.path.join(root, "build"))
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--thinfs", default=default_bin, help="thinfs binary (Release build)")
-    p.add_argument("--dir", default="/var/tmp", help="where the temp directory goes")
+    p.add_argument("--thinfs", default=os.path.join(build, "thinfs"),
+                   help="thinfs binary (Release build)")
+    p.add_argument("--passthrough", default=os.path.join(build, "bench", "passthrough_ll"),
+                   help="libfuse's passthrough_ll (built by bench/CMakeLists.txt)")
+    p.add_argument("--dir", default="/var/tmp", help="where the temp directories go")
     p.add_argument("--rounds", type=int, default=None, help="rounds (default 3; quick 1)")
-    p.add_argument("--size", default=None, help="file/volume size (default 1G; quick 64M)")
-    p.add_argument("--runtime", type=int, default=None,
-                   help="seconds per random job (default 10; quick 1)")
+    p.add_argument("--size", default=None, help="file/volume size (default 1G; quick 32M)")
+    p.add_argument("--runtime", type=float, default=None,
+                   help="seconds per random job (default 6; quick 0.5)")
     p.add_argument("--cache", choices=["cold", "warm"], default="cold",
                    help="cold: fsync + drop every layer's cache between jobs, fio "
                         "invalidate=1; warm: fsync only, invalidate=0")
-    p.add_argument("--targets", default=",".join(TARGETS))
+    p.add_argument("--targets", default=",".join(TARGETS),
+                   help=f"comma-separated, of: {', '.join(TARGETS + [ALT])}")
     p.add_argument("--jobs", default=",".join(j[0] for j in JOBS))
+    p.add_argument("--compare", action="append", default=[], metavar="A,B",
+                   help="also print Student's t of B vs A (repeatable)")
     p.add_argument("--block-size", default="64K")
     p.add_argument("--mount-options", default="", help="thinfs mount -o OPTIONS")
     p.add_argument("--alt-mount-options", default="",
                    help=f"-o OPTIONS for the {ALT} target (add it to --targets)")
     p.add_argument("--alt-thinfs", default=None,
                    help=f"thinfs binary for the {ALT} target (default: --thinfs)")
-    p.add_argument("--markdown", help="write the Markdown report here")
+    p.add_argument("--snap-sizes", default=None,
+                   help="snapshot origins SMALL,LARGE (default 1G,4G; quick 32M,128M)")
+    p.add_argument("--snap-reps", type=int, default=None,
+                   help="snapshot repetitions (default 5; quick 3)")
+    p.add_argument("--no-snapshots", action="store_true", help="skip the snapshot timing")
+    p.add_argument("--no-fio", action="store_true", help="only the snapshot timing")
+    p.add_argument("--markdown", help="write the Markdown report here (the chart goes "
+                                      "next to it as NAME.png)")
     p.add_argument("--json", help="write every sample here")
     p.add_argument("--quick", action="store_true",
-                   help="1 round, 64 MiB, 1 s jobs; check the table is complete")
+                   help="1 round, 32 MiB, 0.5 s jobs, 32/128 MiB snapshot origins, 3 "
+                        "snapshot repetitions; check that every table is complete")
     args = p.parse_args()
     cmdline = shlex.join([os.path.relpath(sys.argv[0]) if not sys.argv[0].startswith("/")
                           else sys.argv[0]] + sys.argv[1:])
     args.rounds = args.rounds or (1 if args.quick else 3)
-    args.size = parse_size(args.size or ("64M" if args.quick else "1G"))
-    args.runtime = args.runtime or (1 if args.quick else 10)
-    args.targets = [t for t in args.targets.split(",") if t]
+    args.size = parse_size(args.size or ("32M" if args.quick else "1G"))
+    args.runtime = args.runtime or (0.5 if args.quick else 6)
+    args.snap_sizes = [parse_size(s) for s in
+                       (args.snap_sizes or ("32M,128M" if args.quick else "1G,4G")).split(",")]
+    args.snap_reps = args.snap_reps or (3 if args.quick else 5)
+    args.targets = [t for t in args.targets.split(",") if t] if not args.no_fio else []
     bad = [t for t in args.targets if t not in TARGETS + [ALT]]
+    try:
+        args.compare = [tuple(c.split(",")) for c in args.compare]
+    except ValueError:
+        p.error("--compare A,B")
+    bad += [t for c in args.compare for t in c if len(c) != 2 or t not in TARGETS + [ALT]]
     jobs = [j for j in JOBS if j[0] in args.jobs.split(",")]
-    if bad or not jobs or not args.targets or args.rounds < 1:
-        p.error(f"bad --targets/--jobs/--rounds (targets: {', '.join(TARGETS + [ALT])})")
+    if (bad or not jobs or (not args.targets and not args.no_fio) or args.rounds < 1
+            or len(args.snap_sizes) != 2 or args.snap_reps < 1
+            or (args.no_fio and args.no_snapshots)):
+        p.error(f"bad --targets/--compare/--jobs/--rounds/--snap-* {bad} "
+                f"(targets: {', '.join(TARGETS + [ALT])})")
+    if args.targets and "raw" not in args.targets:
+        p.error("--targets must include raw (every ratio is to raw)")
     args.thinfs = os.path.abspath(args.thinfs)
+    args.passthrough = os.path.abspath(args.passthrough)
+    args.chart_png = (os.path.splitext(args.markdown)[0] + ".png"
+                      if args.markdown and args.targets else None)
 
     missing = prerequisites(args)
     if missing:
-        log("missing: " + ", ".join(missing))
+        log("missing: " + ", ".join(missing) + " (Debian packages: scripts/deps.sh)")
         return 1 if os.environ.get("CI") else 77
 
     # Any way out (exception, SIGTERM, SIGINT, SIGHUP) goes through teardown.
@@ -489,57 +297,92 @@ def main():
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, on_signal)
 
-    load_start = machine()["loadavg"]
-    stack = Stack(args)
-    try:
-        log(f"setting up in {stack.work}")
-        stack.setup()
-        fs_type = run(["stat", "-f", "-c", "%T", args.dir], check=False).stdout.strip()
-        targets = [t for t in TARGETS + [ALT] if t in stack.targets]
-        for t in targets:
-            prewrite(stack.targets[t], args.size)
-            settle(stack.targets[t], args.cache == "cold")
-        results = {t: {j[0]: [] for j in jobs} for t in targets}
-        out_json = os.path.join(stack.work, "fio.json")
-        for r in range(args.rounds):
-            for job in jobs:
-                for t in targets:
-                    target = stack.targets[t]
-                    if "--direct=1" in job[4] and not target.direct_ok:
-                        results[t][job[0]] = None
-                        continue
-                    settle(target, args.cache == "cold")
-                    v = fio(args, target, job, args.size, args.runtime, out_json)
-                    results[t][job[0]].append(v[job[5]])
-                    log(f"round {r + 1}/{args.rounds} {job[0]:<14} {t:<17} "
-                        f"{v[job[5]]:10.1f} {job[5]}")
-                    settle(target, args.cache == "cold")
-        mach = machine()
-        mach["loadavg_start"] = load_start
-        md = report(args, cmdline, results, fs_type, mach, jobs, targets)
-        print(md)
-        if args.markdown:
-            with open(args.markdown, "w") as fh:
-                fh.write(md)
-        if args.json:
-            with open(args.json, "w") as fh:
-                json.dump({"command": cmdline, "machine": mach, "rounds": args.rounds,
-                           "size": args.size, "runtime": args.runtime, "cache": args.cache,
-                           "mount_options": args.mount_options,
-                           "units": {j[0]: j[5] for j in jobs}, "results": results},
-                          fh, indent=1)
-        incomplete = [f"{t}/{j[0]}" for t in targets for j in jobs
-                      if results[t][j[0]] is not None
-                      and len(results[t][j[0]]) != args.rounds]
-        incomplete += [t for t in TARGETS + [ALT] if t in args.targets and t not in targets]
-        if incomplete:
-            log("incomplete table: " + ", ".join(incomplete))
-            return 3
-        return 0
-    finally:
-        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(s, signal.SIG_IGN)
-        stack.teardown()
+    log(f"expected duration: about {expected_minutes(args, len(args.targets), jobs):.0f} min "
+        f"({len(args.targets)} targets x {len(jobs)} jobs x {args.rounds} round(s), "
+        f"{args.runtime:g} s random jobs, {size_label(args.size)} files"
+        + ("" if args.no_snapshots else
+           f"; snapshot timing on {size_label(args.snap_sizes[0])}/"
+           f"{size_label(args.snap_sizes[1])} origins") + ")")
+    mach_start = machine()
+    fs_type = run(["stat", "-f", "-c", "%T", args.dir], check=False).stdout.strip()
+    targets, results, stack_targets = [], {}, {}
+    t0 = time.monotonic()
+    if args.targets:
+        stack = Stack(args)
+        try:
+            log(f"setting up in {stack.work}")
+            stack.setup()
+            targets = [t for t in TARGETS + [ALT] if t in stack.targets]
+            stack_targets = stack.targets
+            for t in targets:
+                if stack.targets[t].prewrite:
+                    prewrite(stack.targets[t], args.size)
+                settle(stack.targets[t], args.cache == "cold")
+            results = {t: {j[0]: [] for j in jobs} for t in targets}
+            out_json = os.path.join(stack.work, "fio.json")
+            for r in range(args.rounds):
+                for job in jobs:
+                    for t in targets:
+                        target = stack.targets[t]
+                        if "--direct=1" in job[4] and not target.direct_ok:
+                            results[t][job[0]] = None
+                            continue
+                        if target.reset:
+                            target.reset()
+                        settle(target, args.cache == "cold")
+                        v = fio(args, target, job, args.size, args.runtime, out_json)
+                        results[t][job[0]].append(v[job[5]])
+                        log(f"round {r + 1}/{args.rounds} {job[0]:<15} {t:<17} "
+                            f"{v[job[5]]:10.1f} {job[5]}")
+                        settle(target, args.cache == "cold")
+        finally:
+            stack.teardown()
+    fio_minutes = (time.monotonic() - t0) / 60
+    snap = None
+    if not args.no_snapshots:
+        snap_stack = Stack(args)
+        try:
+            log(f"snapshot timing in {snap_stack.work}")
+            times = snapshot_time.measure(snap_stack, args.snap_sizes, args.snap_reps)
+            snap = (times, args.snap_sizes, args.snap_reps)
+        finally:
+            snap_stack.teardown()
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+
+    mach = machine()
+    mach["loadavg_start"] = mach_start["loadavg"]
+    mach["fio_minutes"] = fio_minutes
+    if args.chart_png:
+        fio_report.chart(results, jobs, targets, args.chart_png)
+    md, verdict = report(args, cmdline, results, fs_type, mach, jobs, targets,
+                         stack_targets, snap)
+    print(md)
+    if args.markdown:
+        with open(args.markdown, "w") as fh:
+            fh.write(md)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"command": cmdline, "machine": mach, "rounds": args.rounds,
+                       "size": args.size, "runtime": args.runtime, "cache": args.cache,
+                       "mount_options": args.mount_options,
+                       "units": {j[0]: j[5] for j in jobs}, "results": results,
+                       "goals": verdict,
+                       "snapshots": None if snap is None else
+                       {m: {str(z): v for z, v in d.items()} for m, d in snap[0].items()}},
+                      fh, indent=1)
+    incomplete = [f"{t}/{j[0]}" for t in targets for j in jobs
+                  if results[t][j[0]] is not None and len(results[t][j[0]]) != args.rounds]
+    incomplete += [t for t in args.targets if t not in targets]
+    if snap is not None:
+        incomplete += snapshot_time.complete(*snap)
+    if args.chart_png and not (os.path.isfile(args.chart_png)
+                               and os.path.getsize(args.chart_png) > 0):
+        incomplete.append(f"chart {args.chart_png}")
+    if incomplete:
+        log("incomplete: " + ", ".join(incomplete))
+        return 3
+    return 0
 
 
 if __name__ == "__main__":

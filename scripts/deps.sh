@@ -9,6 +9,7 @@ PACKAGES=(
   librocksdb-dev libxxhash-dev libboost-program-options-dev libexpat1-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   fio e2fsprogs util-linux thin-provisioning-tools
+  qemu-system-common qemu-utils btrfs-progs gnuplot-nox ministat  # bench/fio_compare.py's peers
   clang
 )
 
