@@ -97,6 +97,9 @@ std::unique_ptr<meta::BitmapSpaceMap> OpenBitmap(const meta::PoolPaths& paths,
                                 " blocks, the superblock says " +
                                 std::to_string(sb.data_blocks));
   }
+  if (opened.ok()) {
+    if (Status s = meta::CheckBitmapGeneration(**opened, sb, paths.bitmap); !s.ok()) opened = s;
+  }
   if (opened.ok()) return std::move(*opened);
   const std::string what = "bitmap " + paths.bitmap + ": " + opened.status().ToString();
   if (!repair || opened.status().code() == Status::Code::kNotSupported) {
@@ -112,8 +115,17 @@ std::unique_ptr<meta::BitmapSpaceMap> OpenBitmap(const meta::PoolPaths& paths,
   }
   Result<std::unique_ptr<meta::BitmapSpaceMap>> fresh =
       meta::BitmapSpaceMap::Create(paths.bitmap, sb.data_blocks, sb.block_size);
-  if (!fresh.ok()) {
-    r->Error(what + " (cannot create a new one: " + fresh.status().ToString() + ")");
+  Status full = fresh.ok() ? (*fresh)->MarkDirty() : fresh.status();
+  if (full.ok()) {
+    // Every block in use until CheckPool rebuilds the map from the block
+    // map: if it cannot (an unreadable map record), the new bitmap must not
+    // hand out blocks the map still names. Dirty, so the mount recovers
+    // (rebuilds) it, or refuses while the map stays unreadable.
+    for (uint64_t b = 0; b < sb.data_blocks; ++b) (*fresh)->MarkUsed(PoolBlock(b));
+    full = (*fresh)->Sync(sb.transaction_id);
+  }
+  if (!full.ok()) {
+    r->Error(what + " (cannot create a new one: " + full.ToString() + ")");
     return nullptr;
   }
   r->Corrected(what, "replaced the bitmap by one rebuilt from the block map" +
