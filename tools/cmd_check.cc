@@ -249,7 +249,8 @@ void FindingJson(JsonWriter& j, const meta::CheckFinding& f) {
 int RunCheck(const std::vector<std::string>& args) {
   CommandLine cl("check", "POOL [--repair] [--json] [--read-only]",
                  "Verifies a pool like thin_check: the superblock (magic, version, geometry),\n"
-                 "the bitmap header and checksum, the data area size, the device table\n"
+                 "the bitmap header, checksum and generation (a bitmap ahead of the\n"
+                 "metadata means lost commits), the data area size, the device table\n"
                  "(parents exist, ancestry acyclic, parent epochs, names unique), and the\n"
                  "whole block map: every referenced block inside the data area and\n"
                  "allocated in the bitmap, reference counts exact, no block named by two\n"
@@ -260,7 +261,8 @@ int RunCheck(const std::vector<std::string>& args) {
                  "from the block map (reclaiming leaks; a damaged bitmap is kept as\n"
                  "bitmap.damaged), drops versions no device can read, turns mappings\n"
                  "outside the data area into holes, sets reference counts to the exact\n"
-                 "values, reports every change and checks again.");
+                 "values, reports every change and checks again. A damaged superblock,\n"
+                 "device record, map record or RocksDB file is reported and left.");
   cl.Positional("POOL", "pool directory");
   cl.AddOptions()
       ("repair", po::bool_switch(), "fix what can be fixed, reporting each change")
