@@ -94,6 +94,18 @@ void RunLowWaterCommand(const std::string& cmd, const std::string& pool_root, co
   }).detach();
 }
 
+// Why a pool could not be opened, and, when the pool is damaged, what to
+// run about it.
+std::string CannotOpen(const std::string& pool_root, const Status& s) {
+  std::string why = "cannot open pool " + pool_root + ": " + s.ToString();
+  if (s.IsCorruption()) {
+    why += "\nThe pool is damaged; nothing was mounted. Run 'thinfs check " + pool_root +
+           "' to see the damage and 'thinfs check --repair " + pool_root +
+           "' to fix what can be fixed.";
+  }
+  return why;
+}
+
 // Opens the pool and serves it; reports through `startup`. Returns the exit
 // code of the serving process.
 int OpenAndServe(const MountOptions& options, const std::string& pool_root,
@@ -107,7 +119,7 @@ int OpenAndServe(const MountOptions& options, const std::string& pool_root,
   // PoolFiles keeps the pool lock: it lives until the pool is closed.
   Result<meta::PoolFiles> files = meta::OpenPoolFiles(pool_root, open_options);
   if (!files.ok()) {
-    startup.ReportFailure("cannot open pool " + pool_root + ": " + files.status().ToString());
+    startup.ReportFailure(CannotOpen(pool_root, files.status()));
     return 1;
   }
 
@@ -144,7 +156,7 @@ int OpenAndServe(const MountOptions& options, const std::string& pool_root,
       Pool::Open(std::move(files->data), std::move(files->bitmap), std::move(files->store),
                  pool_options);
   if (!pool.ok()) {
-    startup.ReportFailure("cannot open pool " + pool_root + ": " + pool.status().ToString());
+    startup.ReportFailure(CannotOpen(pool_root, pool.status()));
     return 1;
   }
 

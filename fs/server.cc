@@ -303,6 +303,11 @@ void ReplyError(fuse_req_t req, const Status& s, const char* op) {
   if (s.IsNotFound() || s.IsNoSpace() || s.IsInvalidArgument() ||
       s.code() == Status::Code::kExists || s.code() == Status::Code::kNameTooLong) {
     THINFS_LOG_DEBUG("%s: %s", op, s.ToString().c_str());
+  } else if (s.IsCorruption()) {
+    // Damaged metadata: the request fails with EIO rather than serve what
+    // the record would point at; say what to do about it.
+    THINFS_LOG_ERROR("%s: %s (damaged metadata: unmount and run 'thinfs check POOL')", op,
+                     s.ToString().c_str());
   } else {
     THINFS_LOG_ERROR("%s: %s", op, s.ToString().c_str());
   }

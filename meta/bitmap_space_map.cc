@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <utility>
 
 #include "core/check.h"
@@ -100,6 +101,16 @@ BitmapHeader DecodeHeader(const std::byte* page) {
   h.body_checksum = Le64(d.body_checksum);
   h.header_checksum = Le64(d.header_checksum);
   return h;
+}
+
+// The offset of the first nonzero byte among those the header reserves
+// (the `reserved` field and everything after the fields), 0 if none.
+size_t FirstNonzeroReservedByte(const std::byte* page) {
+  for (size_t i = offsetof(BitmapHeaderDisk, reserved); i < kBitmapHeaderSize; ++i) {
+    if (i == offsetof(BitmapHeaderDisk, body_checksum)) i = sizeof(BitmapHeaderDisk);
+    if (page[i] != std::byte{0}) return i;
+  }
+  return 0;
 }
 
 std::string Hex(uint64_t v) {
@@ -286,11 +297,31 @@ Result<std::unique_ptr<BitmapSpaceMap>> BitmapSpaceMap::Open(const std::string& 
     return Status::Corruption(Mismatch("clean flag invalid", "0 or 1", std::to_string(h.clean)) +
                               " in " + path);
   }
+  // Version 1 has no use for the reserved field or the rest of the page:
+  // anything there was not written by thinfs (found by
+  // fuzz/bitmap_header_fuzzer.cc).
+  if (const size_t nonzero = FirstNonzeroReservedByte(page.data()); nonzero != 0) {
+    return Status::Corruption(Mismatch("reserved header byte " + std::to_string(nonzero) +
+                                           " not zero",
+                                       "0", Hex(static_cast<uint8_t>(page[nonzero]))) +
+                              " in " + path);
+  }
   if (h.block_size != expected_block_size) {
     return Status::InvalidArgument(Mismatch("geometry mismatch: block size",
                                             std::to_string(expected_block_size),
                                             std::to_string(h.block_size)) +
                                    " in " + path);
+  }
+  // The superblock's bound (meta::ValidateSuperblock): a larger count is
+  // no pool's, and would overflow the body size below (found by
+  // fuzz/bitmap_header_fuzzer.cc: 2^64 - 1 blocks made a 0-byte body).
+  const uint64_t max_blocks =
+      h.block_size == 0 ? 0 : static_cast<uint64_t>(std::numeric_limits<off_t>::max()) / h.block_size;
+  if (h.nr_blocks > max_blocks) {
+    return Status::Corruption(Mismatch("block count out of range",
+                                       "at most " + std::to_string(max_blocks),
+                                       std::to_string(h.nr_blocks)) +
+                              " in " + path);
   }
   // Larger is a grow interrupted between the bitmap and the superblock
   // (Pool::Grow grows the bitmap first); the pool completes it at open.

@@ -442,6 +442,27 @@ std::string DataPathOf(const PoolPaths& paths) {
   return paths.data;
 }
 
+Status CheckBitmapGeneration(const BitmapSpaceMap& bitmap, const Superblock& sb,
+                             const std::string& bitmap_path) {
+  const uint64_t g = bitmap.generation(), t = sb.transaction_id;
+  // A commit syncs the bitmap at t + 1 before the metadata reaches t + 1.
+  const uint64_t newest = bitmap.was_clean() ? t : t + 1;
+  const std::string how = bitmap.was_clean() ? "closed cleanly" : "last synced";
+  if (g > newest) {
+    return Status::Corruption("bitmap " + bitmap_path + " was " + how + " at transaction " +
+                              std::to_string(g) + " but the metadata store is at transaction " +
+                              std::to_string(t) +
+                              ": committed metadata is missing (a lost or damaged RocksDB WAL "
+                              "or MANIFEST?)");
+  }
+  if (bitmap.was_clean() && g < t) {
+    return Status::Corruption("bitmap " + bitmap_path + " was closed cleanly at transaction " +
+                              std::to_string(g) + ", before the metadata store's transaction " +
+                              std::to_string(t) + ": the bitmap is stale");
+  }
+  return Status::Ok();
+}
+
 Result<PoolFiles> OpenPoolFiles(const std::string& root, const OpenOptions& options) {
   PoolFiles f;
   f.paths = PoolPaths::For(root);
@@ -497,6 +518,7 @@ Result<PoolFiles> OpenPoolFiles(const std::string& root, const OpenOptions& opti
     if (s.IsInvalidArgument()) s = Status::Corruption(s.message());
     return s.WithContext("bitmap " + f.paths.bitmap);
   }
+  THINFS_RETURN_IF_ERROR(CheckBitmapGeneration(**bitmap, f.superblock, f.paths.bitmap));
   f.bitmap = std::move(*bitmap);
   return f;
 }

@@ -125,6 +125,17 @@ struct PoolFiles {
 // Returns kCorruption naming the field, expected and found values.
 Status ValidateSuperblock(const Superblock& sb);
 
+// The bitmap's generation against the superblock's transaction id. Every
+// commit syncs the bitmap at the next transaction id before the metadata
+// commit, and a clean close records the last one (Pool::Close, check
+// --repair). So a bitmap ahead of the metadata (clean: by any; dirty, after
+// a crash: by more than one) means committed metadata is missing, e.g. a
+// lost or damaged RocksDB WAL replayed only up to the damage; a clean
+// bitmap behind it is stale. Returns kCorruption saying which, naming
+// `bitmap_path`.
+Status CheckBitmapGeneration(const BitmapSpaceMap& bitmap, const Superblock& sb,
+                             const std::string& bitmap_path);
+
 // The capacity in bytes of `path` after following symlinks: st_size for a
 // regular file, BLKGETSIZE64 for a block device. Returns kNotFound,
 // kInvalidArgument for anything else, or the errno status.

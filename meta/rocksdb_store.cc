@@ -327,9 +327,16 @@ Result<std::unique_ptr<RocksDbStore>> RocksDbStore::Open(const std::string& dir,
   if (exists.IsNotFound()) return Status::NotFound(ctx + ": no database");
   THINFS_RETURN_IF_ERROR(FromRocks(exists, ctx));
 
+  // CURRENT is there: a file it leads to that is missing (the MANIFEST,
+  // an SST) is a damaged database, not an I/O problem.
+  auto opened = [&ctx](const rocksdb::Status& s) {
+    if (s.IsPathNotFound()) {
+      return Status::Corruption(ctx + ": a database file is missing: " + s.ToString());
+    }
+    return FromRocks(s, ctx);
+  };
   std::vector<std::string> names;
-  THINFS_RETURN_IF_ERROR(
-      FromRocks(rocksdb::DB::ListColumnFamilies(t.db, dir, &names), ctx));
+  THINFS_RETURN_IF_ERROR(opened(rocksdb::DB::ListColumnFamilies(t.db, dir, &names)));
   for (const rocksdb::ColumnFamilyDescriptor& d : t.cfs) {
     if (std::find(names.begin(), names.end(), d.name) == names.end()) {
       return Status::Corruption(ctx + ": column family \"" + d.name + "\" is missing");
@@ -352,7 +359,7 @@ Result<std::unique_ptr<RocksDbStore>> RocksDbStore::Open(const std::string& dir,
       options.read_only
           ? rocksdb::DB::OpenForReadOnly(t.db, dir, t.cfs, &rep->handles, &rep->db)
           : rocksdb::DB::Open(t.db, dir, t.cfs, &rep->handles, &rep->db);
-  THINFS_RETURN_IF_ERROR(FromRocks(s, ctx));
+  THINFS_RETURN_IF_ERROR(opened(s));
   for (size_t i = 0; i < t.cfs.size(); ++i) rep->by_name[t.cfs[i].name] = rep->handles[i];
   rep->sb_cf = rep->by_name[dbformat::kSuperblockCf];
   rep->dev_cf = rep->by_name[dbformat::kDevicesCf];

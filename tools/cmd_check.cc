@@ -71,6 +71,9 @@ std::unique_ptr<meta::BitmapSpaceMap> OpenBitmap(const meta::PoolPaths& paths,
                                 " blocks, the superblock says " +
                                 std::to_string(sb.data_blocks));
   }
+  if (opened.ok()) {
+    if (Status s = meta::CheckBitmapGeneration(**opened, sb, paths.bitmap); !s.ok()) opened = s;
+  }
   if (opened.ok()) return std::move(*opened);
   const std::string what = "bitmap " + paths.bitmap + ": " + opened.status().ToString();
   if (!repair || opened.status().code() == Status::Code::kNotSupported) {
@@ -86,8 +89,17 @@ std::unique_ptr<meta::BitmapSpaceMap> OpenBitmap(const meta::PoolPaths& paths,
   }
   Result<std::unique_ptr<meta::BitmapSpaceMap>> fresh =
       meta::BitmapSpaceMap::Create(paths.bitmap, sb.data_blocks, sb.block_size);
-  if (!fresh.ok()) {
-    r->Error(what + " (cannot create a new one: " + fresh.status().ToString() + ")");
+  Status full = fresh.ok() ? (*fresh)->MarkDirty() : fresh.status();
+  if (full.ok()) {
+    // Every block in use until CheckPool rebuilds the map from the block
+    // map: if it cannot (an unreadable map record), the new bitmap must not
+    // hand out blocks the map still names. Dirty, so the mount recovers
+    // (rebuilds) it, or refuses while the map stays unreadable.
+    for (uint64_t b = 0; b < sb.data_blocks; ++b) (*fresh)->MarkUsed(PoolBlock(b));
+    full = (*fresh)->Sync(sb.transaction_id);
+  }
+  if (!full.ok()) {
+    r->Error(what + " (cannot create a new one: " + full.ToString() + ")");
     return nullptr;
   }
   r->Corrected(what, "replaced the bitmap by one rebuilt from the block map" +
@@ -189,7 +201,8 @@ void FindingJson(JsonWriter& j, const meta::CheckFinding& f) {
 int RunCheck(const std::vector<std::string>& args) {
   CommandLine cl("check", "POOL [--repair] [--json] [--read-only]",
                  "Verifies a pool like thin_check: the superblock (magic, version, geometry),\n"
-                 "the bitmap header and checksum, the data area size, the device table\n"
+                 "the bitmap header, checksum and generation (a bitmap ahead of the\n"
+                 "metadata means lost commits), the data area size, the device table\n"
                  "(parents exist, ancestry acyclic, parent epochs, names unique), and the\n"
                  "whole block map: every referenced block inside the data area and\n"
                  "allocated in the bitmap, reference counts exact, no block named by two\n"
@@ -200,7 +213,8 @@ int RunCheck(const std::vector<std::string>& args) {
                  "from the block map (reclaiming leaks; a damaged bitmap is kept as\n"
                  "bitmap.damaged), drops versions no device can read, turns mappings\n"
                  "outside the data area into holes, sets reference counts to the exact\n"
-                 "values, reports every change and checks again.");
+                 "values, reports every change and checks again. A damaged superblock,\n"
+                 "device record, map record or RocksDB file is reported and left.");
   cl.Positional("POOL", "pool directory");
   cl.AddOptions()
       ("repair", po::bool_switch(), "fix what can be fixed, reporting each change")

@@ -561,6 +561,38 @@ TEST_F(BitmapSpaceMapTest, UnknownVersionOrIncompatFlagIsRefused) {
   EXPECT_TRUE(s.IsCorruption()) << s.ToString();
 }
 
+TEST_F(BitmapSpaceMapTest, NonzeroReservedHeaderBytesAreCorruption) {
+  // format.h: the reserved field (offset 44) and the page past the fields
+  // must be zero in version 1. A resealed header with anything there was
+  // not written by thinfs (found by fuzz/bitmap_header_fuzzer.cc).
+  { ASSERT_NE(CreateDirty(10), nullptr); }
+  const uint8_t one = 1, zero = 0;
+  for (uint64_t offset : {uint64_t{44}, uint64_t{47}, uint64_t{64}, kBitmapHeaderSize - 1}) {
+    PatchHeaderAndReseal(offset, &one, 1);
+    Status s = OpenStatus(10);
+    EXPECT_TRUE(s.IsCorruption()) << offset << ": " << s.ToString();
+    EXPECT_NE(s.message().find("reserved header byte " + std::to_string(offset) + " not zero"),
+              std::string::npos)
+        << s.ToString();
+    PatchHeaderAndReseal(offset, &zero, 1);
+    EXPECT_TRUE(OpenStatus(10).ok()) << offset;
+  }
+}
+
+TEST_F(BitmapSpaceMapTest, BlockCountBeyondAnyPoolIsCorruption) {
+  // A resealed header claiming 2^64 - 1 blocks: the body size computation
+  // overflowed to 0 bytes and the map read past its mapping (found by
+  // fuzz/bitmap_header_fuzzer.cc). More blocks than expected is otherwise
+  // accepted (an interrupted grow), so the bound is the superblock's.
+  { ASSERT_NE(CreateDirty(10), nullptr); }
+  for (uint64_t n : {~uint64_t{0}, ~uint64_t{0} - 62, uint64_t{1} << 62}) {
+    PatchHeaderAndReseal(24, &n, 8);
+    Status s = OpenStatus(10);
+    EXPECT_TRUE(s.IsCorruption()) << n << ": " << s.ToString();
+    EXPECT_NE(s.message().find("block count out of range"), std::string::npos) << s.ToString();
+  }
+}
+
 // -------------------------------------------------------------- grow
 
 TEST_F(BitmapSpaceMapTest, GrowAddsFreeBlocks) {

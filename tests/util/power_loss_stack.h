@@ -37,6 +37,7 @@
 #include "core/pool.h"
 #include "meta/bitmap_space_map.h"
 #include "meta/fault_injection_env.h"
+#include "meta/pool_dir.h"
 #include "meta/rocksdb_store.h"
 #include "tests/util/forwarding.h"
 
@@ -239,6 +240,12 @@ class PowerLossStack {
     auto bm = meta::BitmapSpaceMap::Open(root_ + "/bitmap", geometry_.data_blocks(),
                                          geometry_.block_size(), /*read_only=*/false);
     ASSERT_TRUE(bm.ok()) << bm.status().ToString();
+    // The bitmap's generation never runs ahead of the metadata by more
+    // than the commit in flight (what OpenPoolFiles refuses otherwise).
+    auto sb = store_->ReadSuperblock();
+    ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+    Status generation = meta::CheckBitmapGeneration(**bm, *sb, root_ + "/bitmap");
+    ASSERT_TRUE(generation.ok()) << generation.ToString();
     space_ = std::make_unique<SnapshotSpaceMap>(root_ + "/bitmap", std::move(*bm));
     auto file = FileBlockDevice::Open(root_ + "/data", geometry_, false, false);
     ASSERT_TRUE(file.ok()) << file.status().ToString();
