@@ -68,6 +68,10 @@ int RunResize(const std::vector<std::string>& args);
 int RunRename(const std::vector<std::string>& args);
 int RunList(const std::vector<std::string>& args);
 int RunGrow(const std::vector<std::string>& args);
+// tools/cmd_send.cc
+int RunDiff(const std::vector<std::string>& args);
+int RunSend(const std::vector<std::string>& args);
+int RunReceive(const std::vector<std::string>& args);
 
 // The options and positional arguments of one subcommand.
 class CommandLine {

@@ -23,6 +23,7 @@
 #include "meta/pool_dir.h"
 #include "tools/control_client.h"
 #include "tools/cli.h"
+#include "tools/progress.h"
 #include "tools/json.h"
 
 namespace thinfs::tools {
@@ -56,33 +57,6 @@ struct Report {
   void Warning(std::string s) {
     if (warning_count++ < kMaxListed) warnings.push_back(std::move(s));
   }
-};
-
-// Progress on stderr, only when it is a terminal.
-class ProgressLine {
- public:
-  ProgressLine() : tty_(::isatty(2) == 1) {}
-  ~ProgressLine() {
-    if (shown_) std::fprintf(stderr, "\r\033[K");
-  }
-  ProgressLine(const ProgressLine&) = delete;
-  ProgressLine& operator=(const ProgressLine&) = delete;
-  void Show(const char* phase, uint64_t done, uint64_t total) {
-    if (!tty_) return;
-    shown_ = true;
-    if (total > 0) {
-      std::fprintf(stderr, "\r\033[Kchecking %s: %llu%%", phase,
-                   static_cast<unsigned long long>(done * 100 / total));
-    } else {
-      std::fprintf(stderr, "\r\033[Kchecking %s: %llu", phase,
-                   static_cast<unsigned long long>(done));
-    }
-    std::fflush(stderr);
-  }
-
- private:
-  const bool tty_;
-  bool shown_ = false;
 };
 
 // Opens the bitmap; with `repair`, replaces one that cannot be opened by
@@ -135,7 +109,7 @@ Status CheckOpenPool(const meta::PoolPaths& paths, const Superblock& sb, meta::R
   }
   std::unique_ptr<meta::BitmapSpaceMap> bitmap = OpenBitmap(paths, sb, read_only, repair, r);
 
-  ProgressLine progress;
+  ProgressLine progress("checking");
   meta::CheckOptions options;
   options.repair = repair;
   options.max_listed = kMaxListed;
@@ -194,7 +168,7 @@ Status CheckMountedPool(const meta::PoolPaths& paths, Report* r, bool* answered)
   store_options.read_only = true;
   THINFS_ASSIGN_OR_RETURN(std::unique_ptr<meta::RocksDbStore> store,
                           meta::RocksDbStore::Open(dir, store_options));
-  ProgressLine progress;
+  ProgressLine progress("checking");
   meta::CheckOptions options;
   options.max_listed = kMaxListed;
   options.progress = [&progress](const char* phase, uint64_t done, uint64_t total) {

@@ -23,6 +23,9 @@ const std::vector<Command>& Commands() {
       {"resize", "grow or shrink a device", RunResize},
       {"rename", "rename a device", RunRename},
       {"list", "list devices with their block usage", RunList},
+      {"diff", "show the ranges where two devices differ", RunDiff},
+      {"send", "write a device (or its changes) as a stream", RunSend},
+      {"receive", "create a device from a 'send' stream", RunReceive},
       {"mount", "serve a pool's devices as files through FUSE", RunMount},
       {"umount", "unmount a thinfs mount", RunUmount},
   };
