@@ -138,32 +138,14 @@ Status CheckOpenPool(const meta::PoolPaths& paths, const Superblock& sb, meta::R
 // by the daemon and is not checked. Sets *answered to false when no daemon
 // answers on the control socket.
 Status CheckMountedPool(const meta::PoolPaths& paths, Report* r, bool* answered) {
-  std::string tmpl = paths.root + "/.check-XXXXXX";
-  if (::mkdtemp(tmpl.data()) == nullptr) return Status::FromErrno(errno, "mkdtemp " + tmpl);
-  // RocksDB creates the checkpoint directory itself.
-  ::rmdir(tmpl.c_str());
-  char abs[PATH_MAX];
-  std::string dir = ::realpath(paths.root.c_str(), abs) != nullptr
-                        ? std::string(abs) + tmpl.substr(tmpl.rfind('/'))
-                        : tmpl;
-  struct Cleanup {
-    std::string dir;
-    ~Cleanup() {
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
-    }
-  } cleanup{dir};
-  AdminRequest request;
-  request.command = "checkpoint";
-  request.args = {{"dir", dir}};
-  std::optional<Result<AdminReply>> call = CallDaemon(paths.root, request);
-  if (!call) {
+  auto cp = DaemonCheckpoint::Take(paths.root, "check");
+  if (!cp) {
     *answered = false;
     return Status::Ok();
   }
   *answered = true;
-  if (!call->ok()) return call->status();
-  if ((*call)->exit_code != kAdminOk) return Status::IOError((*call)->error);
+  if (!cp->ok()) return cp->status();
+  const std::string& dir = (**cp)->dir();
   meta::RocksDbOptions store_options;
   store_options.read_only = true;
   THINFS_ASSIGN_OR_RETURN(std::unique_ptr<meta::RocksDbStore> store,

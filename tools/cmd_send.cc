@@ -1,8 +1,12 @@
 // Replication commands: diff (thin_delta), send and receive (zfs send /
-// rbd export-diff). They open an unmounted pool directly (the lock is the
-// daemon's while mounted) and read the committed block map with
+// rbd export-diff). They read the committed block map with
 // core/mapping_walk.h; the stream format is core/send_stream.h, the
 // identities of bases tools/stream_ids.h.
+//
+// diff and send open an unmounted pool directly; on a mounted one they
+// read a checkpoint of its committed metadata (the daemon writes it) and
+// the data through the mounted files (ReadView). receive opens the pool
+// itself and so needs it unmounted.
 //
 // Receive is atomic: it builds the device under a temporary name
 // (TempNameFor), renames it into place only after the END record verified,
@@ -17,6 +21,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -30,6 +35,7 @@
 #include "core/size.h"
 #include "meta/pool_dir.h"
 #include "tools/cli.h"
+#include "tools/control_client.h"
 #include "tools/progress.h"
 #include "tools/stream_ids.h"
 
@@ -61,7 +67,9 @@ Result<std::unique_ptr<OpenPool>> OpenPoolHere(const std::string& dir, bool read
   if (!files.ok()) {
     if (files.status().code() == Status::Code::kBusy) {
       return Status::Busy(files.status().message() +
-                          " (diff, send and receive need an unmounted pool: unmount it first)");
+                          (read_only ? std::string()
+                                     : std::string(" (receive needs an unmounted pool: "
+                                                   "unmount it first)")));
     }
     return files.status();
   }
@@ -92,6 +100,89 @@ Result<const DeviceRecord*> FindNamed(const std::vector<DeviceRecord>& devices,
   return Status::NotFound("no device '" + name + "'");
 }
 
+// Reads bytes of a device like pread(2): short only at its end.
+using DataReader = std::function<Result<size_t>(uint64_t offset, std::span<std::byte> buf)>;
+
+// What diff and send read: committed metadata and device data, of an
+// unmounted pool opened here, or of a mounted one: a checkpoint of its
+// metadata (DaemonCheckpoint) and the data through the mounted files.
+struct ReadView {
+  std::string root;
+  std::string mountpoint;  // "" when opened here
+  Superblock sb;
+  MetadataStore* store = nullptr;
+  std::unique_ptr<OpenPool> here;
+  std::unique_ptr<DaemonCheckpoint> checkpoint;
+  std::unique_ptr<meta::RocksDbStore> checkpoint_store;
+
+  // REQUIRES: no walk over `store` is alive.
+  Status Close() {
+    Status s = here ? here->Close() : Status::Ok();
+    checkpoint_store.reset();
+    checkpoint.reset();
+    return s;
+  }
+
+  Result<DataReader> OpenData(const DeviceRecord& device) {
+    if (mountpoint.empty()) {
+      THINFS_ASSIGN_OR_RETURN(std::shared_ptr<Volume> vol, here->pool->OpenVolume(device.id));
+      return DataReader([vol](uint64_t offset, std::span<std::byte> buf) {
+        return vol->Read(offset, buf);
+      });
+    }
+    const std::string path = mountpoint + "/" + device.name;
+    int raw = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (raw < 0) return Status::FromErrno(errno, "open " + path);
+    auto fd = std::shared_ptr<int>(new int(raw), [](int* p) {
+      ::close(*p);
+      delete p;
+    });
+    return DataReader([fd, path](uint64_t offset, std::span<std::byte> buf) -> Result<size_t> {
+      size_t done = 0;
+      while (done < buf.size()) {
+        ssize_t n = ::pread(*fd, buf.data() + done, buf.size() - done,
+                            static_cast<off_t>(offset + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return Status::FromErrno(errno, "read " + path);
+        if (n == 0) break;
+        done += static_cast<size_t>(n);
+      }
+      return done;
+    });
+  }
+};
+
+// Opens `dir` for reading: directly when unmounted, else through the daemon.
+Result<std::unique_ptr<ReadView>> OpenForReading(const std::string& dir) {
+  auto view = std::make_unique<ReadView>();
+  view->root = meta::PoolPaths::For(dir).root;
+  Result<std::unique_ptr<OpenPool>> here = OpenPoolHere(dir, true);
+  if (here.ok()) {
+    view->here = std::move(*here);
+    view->sb = view->here->sb;
+    view->store = view->here->pool->store();
+    return view;
+  }
+  if (here.status().code() != Status::Code::kBusy) return here.status();
+  std::optional<Result<AdminReply>> where = CallDaemon(dir, AdminRequest{"mountpoint", {}});
+  if (!where) return here.status();  // locked by something that is not a daemon
+  if (!where->ok()) return where->status();
+  if ((*where)->exit_code != kAdminOk) return Status::IOError((*where)->error);
+  view->mountpoint = (*where)->text;
+  while (!view->mountpoint.empty() && view->mountpoint.back() == '\n') view->mountpoint.pop_back();
+  auto cp = DaemonCheckpoint::Take(view->root, "send");
+  if (!cp) return here.status();
+  if (!cp->ok()) return cp->status().WithContext("checkpoint of the mounted pool");
+  view->checkpoint = std::move(**cp);
+  meta::RocksDbOptions options;
+  options.read_only = true;
+  THINFS_ASSIGN_OR_RETURN(view->checkpoint_store,
+                          meta::RocksDbStore::Open(view->checkpoint->dir(), options));
+  view->store = view->checkpoint_store.get();
+  THINFS_ASSIGN_OR_RETURN(view->sb, view->store->ReadSuperblock());
+  return view;
+}
+
 int FailStatus(const CommandLine& cl, const Status& s) {
   return cl.Fail(s.IsInvalidArgument() ? kExitUsage : kExitFailure, s.message());
 }
@@ -104,9 +195,9 @@ int Diff(const CommandLine& cl) {
     return cl.Fail(kExitUsage, "--format must be text, json or xml, not '" + format + "'");
   }
   const bool same = cl.Get<bool>("same");
-  Result<std::unique_ptr<OpenPool>> op = OpenPoolHere(cl.Arg(0), true);
+  Result<std::unique_ptr<ReadView>> op = OpenForReading(cl.Arg(0));
   if (!op.ok()) return FailStatus(cl, op.status());
-  MetadataStore* store = (*op)->pool->store();
+  MetadataStore* store = (*op)->store;
   const uint64_t bs = (*op)->sb.block_size;
   Result<std::vector<DeviceRecord>> devices = store->LoadDevices();
   if (!devices.ok()) return FailStatus(cl, devices.status());
@@ -197,15 +288,16 @@ Status WriteAll(int fd, std::span<const std::byte> buf, const std::string& what)
   return Status::Ok();
 }
 
-// Sends bytes [offset, offset + length) of `vol` as DATA records.
-Status SendData(Volume* vol, StreamWriter* w, uint64_t offset, uint64_t length, uint64_t bs,
-                std::vector<std::byte>* buf) {
+// Sends bytes [offset, offset + length) of a device of `size` bytes as DATA
+// records.
+Status SendData(const DataReader& read, uint64_t size, StreamWriter* w, uint64_t offset,
+                uint64_t length, uint64_t bs, std::vector<std::byte>* buf) {
   const uint64_t chunk = std::max(kStreamWriterDataBytes / bs, uint64_t{1}) * bs;
-  const uint64_t end = std::min(offset + length, vol->size());
+  const uint64_t end = std::min(offset + length, size);
   while (offset < end) {
     const uint64_t n = std::min(chunk, end - offset);
     buf->resize(n);
-    THINFS_ASSIGN_OR_RETURN(size_t got, vol->Read(offset, *buf));
+    THINFS_ASSIGN_OR_RETURN(size_t got, read(offset, *buf));
     if (got != n) return Status::IOError("short read of the device at " + std::to_string(offset));
     THINFS_RETURN_IF_ERROR(w->Data(offset, *buf));
     offset += n;
@@ -222,16 +314,16 @@ int Send(const CommandLine& cl) {
   } else if (::isatty(1) == 1) {
     return cl.Fail(kExitUsage, "refusing to write a stream to a terminal (use -o FILE or a pipe)");
   }
-  Result<std::unique_ptr<OpenPool>> op = OpenPoolHere(cl.Arg(0), true);
+  Result<std::unique_ptr<ReadView>> op = OpenForReading(cl.Arg(0));
   if (!op.ok()) return FailStatus(cl, op.status());
-  OpenPool& p = **op;
-  MetadataStore* store = p.pool->store();
+  ReadView& p = **op;
+  MetadataStore* store = p.store;
   const uint64_t bs = p.sb.block_size;
   Result<std::vector<DeviceRecord>> devices = store->LoadDevices();
   if (!devices.ok()) return FailStatus(cl, devices.status());
   Result<const DeviceRecord*> target = FindNamed(*devices, name);
   if (!target.ok()) return FailStatus(cl, target.status());
-  Result<StreamGuids> guids = StreamGuids::Load(p.files.paths.root);
+  Result<StreamGuids> guids = StreamGuids::Load(p.root);
   if (!guids.ok()) return FailStatus(cl, guids.status());
 
   StreamHeader h;
@@ -250,8 +342,8 @@ int Send(const CommandLine& cl) {
   }
   auto target_walk = ResolvedWalk::Create(store, *devices, (*target)->id, bs);
   if (!target_walk.ok()) return FailStatus(cl, target_walk.status());
-  Result<std::shared_ptr<Volume>> vol = p.pool->OpenVolume((*target)->id);
-  if (!vol.ok()) return FailStatus(cl, vol.status());
+  Result<DataReader> data = p.OpenData(**target);
+  if (!data.ok()) return FailStatus(cl, data.status());
 
   if (cl.Has("output")) {
     fd = ::open(out_name.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -272,7 +364,7 @@ int Send(const CommandLine& cl) {
     auto flush = [&]() -> Status {
       if (!run) return Status::Ok();
       THINFS_RETURN_IF_ERROR(
-          SendData(vol->get(), &w, run->begin * bs, (run->end - run->begin) * bs, bs, &buf));
+          SendData(*data, (*target)->size, &w, run->begin * bs, (run->end - run->begin) * bs, bs, &buf));
       progress.ShowBytes(name.c_str(), w.data_bytes(), total);
       run.reset();
       return Status::Ok();
@@ -307,7 +399,7 @@ int Send(const CommandLine& cl) {
         const uint64_t length = std::min(r.end * bs, size) - offset;
         Status st = r.kind == DiffKind::kLeftOnly
                         ? w.Hole(offset, length)
-                        : SendData(vol->get(), &w, offset, length, bs, &buf);
+                        : SendData(*data, (*target)->size, &w, offset, length, bs, &buf);
         progress.ShowBytes(name.c_str(), w.bytes_written(), 0);
         return st;
       });
@@ -320,7 +412,6 @@ int Send(const CommandLine& cl) {
     if (fd != 1) ::unlink(out_name.c_str());
     return FailStatus(cl, s);
   }
-  vol->reset();
   target_walk->reset();
   Status closed = p.Close();
   if (!closed.ok()) return FailStatus(cl, closed);
@@ -479,7 +570,7 @@ int RunDiff(const std::vector<std::string>& args) {
                  "to different data blocks (different). Blocks that share a data block\n"
                  "are 'same'; blocks unmapped on both sides are not reported. Reads one\n"
                  "ordered pass of the block map per parent-chain level, no data.\n"
-                 "Needs an unmounted pool.");
+                 "On a mounted pool it reads a checkpoint of the committed metadata.");
   cl.Positional("POOL", "pool directory");
   cl.Positional("LEFT", "first device (e.g. the older snapshot)");
   cl.Positional("RIGHT", "second device");
@@ -503,8 +594,10 @@ int RunSend(const std::vector<std::string>& args) {
                  "FILE or standard output: the whole device, or with --from only what\n"
                  "changed since snapshot BASE. Every record carries an XXH64 checksum;\n"
                  "holes are sent as HOLE records or not at all, never as zeros.\n"
-                 "'thinfs receive' rebuilds the device in another pool. Needs an\n"
-                 "unmounted pool; NAME should be a snapshot nobody writes meanwhile.");
+                 "'thinfs receive' rebuilds the device in another pool. Works on a\n"
+                 "mounted pool too (a checkpoint of the committed metadata, the data\n"
+                 "read through the mount); NAME should be a snapshot nobody writes\n"
+                 "meanwhile.");
   cl.Positional("POOL", "pool directory");
   cl.Positional("NAME", "device to send");
   cl.AddOptions()
