@@ -11,16 +11,17 @@ snapshot s2 (bench/pool_builder, through the engine). Then ROUNDS times
 the received s1 (whose full send/receive is timed once too). Reports the
 median and min-max of each, and stream bytes vs changed data bytes.
 
-Part 2, list: a pool (4 KiB blocks) with an origin of 1024 written blocks
-and N snapshots (default 2000), one origin block rewritten after each;
-`thinfs list POOL` timed ROUNDS times with --thinfs and, if given, with
---baseline (an older build, for before/after).
+Part 2, list: for each N of --snapshots (default 2000), a pool (4 KiB
+blocks) with an origin of 1024 written blocks and N snapshots, one origin
+block rewritten after each; `thinfs list POOL` timed ROUNDS times with
+--thinfs and, if given and N <= --baseline-max, with --baseline (an older
+build, for before/after; its list is quadratic in N), outputs compared.
 
 Everything lives in a temp dir under --dir and is removed at the end.
 
   bench/replication_bench.py --thinfs build-rel/thinfs \\
       --builder build-rel/bench/pool_builder [--baseline OLD/thinfs] \\
-      [--dir /var/tmp] [--rounds 3] [--changed 1 50] [--snapshots 2000]
+      [--dir /var/tmp] [--rounds 3] [--changed 1 50] [--snapshots 100 250 2000]
 """
 
 import argparse
@@ -59,7 +60,9 @@ def main():
     ap.add_argument("--changed", type=int, nargs="+", default=[1, 50])
     ap.add_argument("--mapped", type=int, default=25)
     ap.add_argument("--size", type=int, default=4 * GIB)
-    ap.add_argument("--snapshots", type=int, default=2000)
+    ap.add_argument("--snapshots", type=int, nargs="+", default=[2000])
+    ap.add_argument("--baseline-max", type=int, default=250,
+                    help="run the baseline only up to this many snapshots (it is quadratic)")
     ap.add_argument("--skip-replication", action="store_true")
     ap.add_argument("--skip-list", action="store_true")
     a = ap.parse_args()
@@ -102,28 +105,26 @@ def main():
                 shutil.rmtree(pool)
                 shutil.rmtree(dest)
         if not a.skip_list:
-            pool = os.path.join(work, "snaps")
-            run([t, "format", pool, "--size", "64M", "--block-size", "4K"],
-                stdout=subprocess.DEVNULL)
-            b0 = time.monotonic()
-            run([a.builder, "snapshots", pool, str(a.snapshots)])
-            print(f"\nbuilt {a.snapshots} snapshots in {time.monotonic() - b0:.1f} s")
-            print("\n| thinfs list, " + f"{a.snapshots} snapshots | median (min-max) |")
-            print("|---|---|")
-            for label, binary in (("this build", t), ("baseline", a.baseline)):
-                if not binary:
-                    continue
-                samples, out = [], b""
-                for _ in range(a.rounds):
-                    s, out = timed([binary, "list", pool])
-                    samples.append(s)
-                print(f"| {label} | {fmt(samples)} |", flush=True)
-                with open(os.path.join(work, f"list-{label}.txt"), "wb") as f:
-                    f.write(out)
-            if a.baseline:
-                same = subprocess.run(["cmp", "-s", os.path.join(work, "list-this build.txt"),
-                                       os.path.join(work, "list-baseline.txt")]).returncode == 0
-                print(f"\nlist output identical to the baseline's: {same}")
+            print("\n| snapshots | build | thinfs list, median (min-max) | same output as baseline |")
+            print("|---|---|---|---|")
+            for n in a.snapshots:
+                pool = os.path.join(work, f"snaps{n}")
+                run([t, "format", pool, "--size", "64M", "--block-size", "4K"],
+                    stdout=subprocess.DEVNULL)
+                run([a.builder, "snapshots", pool, str(n)])
+                outputs = {}
+                for label, binary in (("this build", t), ("baseline", a.baseline)):
+                    if not binary or (label == "baseline" and n > a.baseline_max):
+                        continue
+                    samples = []
+                    for _ in range(a.rounds):
+                        s, outputs[label] = timed([binary, "list", pool])
+                        samples.append(s)
+                    same = ""
+                    if label == "baseline":
+                        same = str(outputs["baseline"] == outputs["this build"])
+                    print(f"| {n} | {label} | {fmt(samples)} | {same} |", flush=True)
+                shutil.rmtree(pool)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

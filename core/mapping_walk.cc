@@ -19,6 +19,12 @@ ResolvedWalk::~ResolvedWalk() = default;
 Result<std::unique_ptr<ResolvedWalk>> ResolvedWalk::Create(
     MetadataStore* store, const std::vector<DeviceRecord>& devices, VolumeId id,
     uint64_t block_size) {
+  return Create([store] { return store->NewMapIterator(); }, devices, id, block_size);
+}
+
+Result<std::unique_ptr<ResolvedWalk>> ResolvedWalk::Create(
+    const IteratorFactory& new_iterator, const std::vector<DeviceRecord>& devices, VolumeId id,
+    uint64_t block_size) {
   std::map<uint64_t, const DeviceRecord*> by_id;
   for (const DeviceRecord& r : devices) by_id[r.id.value] = &r;
   auto it = by_id.find(id.value);
@@ -37,7 +43,7 @@ Result<std::unique_ptr<ResolvedWalk>> ResolvedWalk::Create(
     level.device = rec->id;
     level.max_epoch = epoch;
     level.limit = limit;
-    level.it = store->NewMapIterator();
+    level.it = new_iterator();
     level.it->Seek(rec->id, VolumeBlock(0));
     walk->levels_.push_back(std::move(level));
     THINFS_RETURN_IF_ERROR(walk->Settle(&walk->levels_.back()));

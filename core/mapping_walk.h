@@ -46,6 +46,12 @@ class ResolvedWalk {
   static Result<std::unique_ptr<ResolvedWalk>> Create(MetadataStore* store,
                                                       const std::vector<DeviceRecord>& devices,
                                                       VolumeId id, uint64_t block_size);
+  // The same over iterators from `new_iterator` (e.g. over a copy of the
+  // map in memory, core/usage_scan.cc).
+  using IteratorFactory = std::function<std::unique_ptr<MapIterator>()>;
+  static Result<std::unique_ptr<ResolvedWalk>> Create(const IteratorFactory& new_iterator,
+                                                      const std::vector<DeviceRecord>& devices,
+                                                      VolumeId id, uint64_t block_size);
   ~ResolvedWalk();
   ResolvedWalk(const ResolvedWalk&) = delete;
   ResolvedWalk& operator=(const ResolvedWalk&) = delete;

@@ -24,6 +24,7 @@
 #ifndef THINFS_CORE_USAGE_SCAN_H_
 #define THINFS_CORE_USAGE_SCAN_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <unordered_map>
 
@@ -37,8 +38,16 @@ namespace thinfs {
 // deleted), by id value. kIOError / kCorruption from the store.
 // (An out-parameter: gcc 12 -O2 warns falsely, -Wfree-nonheap-object, on a
 // Result<unordered_map> moved through a variant.)
+//
+// Every device walks the entries of its whole parent chain, so N snapshots
+// of one origin visit the origin's entries N times: from a copy in memory
+// a visit costs nanoseconds, through a RocksDB iterator a microsecond or
+// more. A map of up to `max_entries_in_memory` entries (about 40 bytes
+// each) is copied first; a larger one is walked with store iterators.
+inline constexpr size_t kScanEntriesInMemory = size_t{4} << 20;
 Status ScanUsage(MetadataStore* store, uint64_t block_size,
-                 std::unordered_map<uint64_t, DeviceUsage>* out);
+                 std::unordered_map<uint64_t, DeviceUsage>* out,
+                 size_t max_entries_in_memory = kScanEntriesInMemory);
 
 }  // namespace thinfs
 

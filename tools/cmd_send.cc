@@ -345,9 +345,14 @@ int Send(const CommandLine& cl) {
   Result<DataReader> data = p.OpenData(**target);
   if (!data.ok()) return FailStatus(cl, data.status());
 
+  // Only a regular file is synced at the end, and removed on failure
+  // (-o /dev/null or a FIFO is left alone).
+  bool regular = false;
   if (cl.Has("output")) {
     fd = ::open(out_name.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return cl.Fail(kExitFailure, "cannot create " + out_name + ": " + std::strerror(errno));
+    struct stat st {};
+    regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
   }
   ProgressLine progress("sending");
   StreamWriter w(
@@ -364,7 +369,8 @@ int Send(const CommandLine& cl) {
     auto flush = [&]() -> Status {
       if (!run) return Status::Ok();
       THINFS_RETURN_IF_ERROR(
-          SendData(*data, (*target)->size, &w, run->begin * bs, (run->end - run->begin) * bs, bs, &buf));
+          SendData(*data, (*target)->size, &w, run->begin * bs, (run->end - run->begin) * bs, bs,
+                   &buf));
       progress.ShowBytes(name.c_str(), w.data_bytes(), total);
       run.reset();
       return Status::Ok();
@@ -406,10 +412,10 @@ int Send(const CommandLine& cl) {
     }
   }
   if (s.ok()) s = w.End();
-  if (s.ok() && fd != 1 && ::fsync(fd) != 0) s = Status::FromErrno(errno, "fsync " + out_name);
+  if (s.ok() && regular && ::fsync(fd) != 0) s = Status::FromErrno(errno, "fsync " + out_name);
   if (fd != 1 && ::close(fd) != 0 && s.ok()) s = Status::FromErrno(errno, "close " + out_name);
   if (!s.ok()) {
-    if (fd != 1) ::unlink(out_name.c_str());
+    if (regular) ::unlink(out_name.c_str());
     return FailStatus(cl, s);
   }
   target_walk->reset();

@@ -172,8 +172,10 @@ void RunSeed(uint64_t seed) {
     for (auto& [name, m] : maps) {
       for (auto& [b, p] : m) readers[p]++;
     }
-    std::unordered_map<uint64_t, DeviceUsage> scan;
+    std::unordered_map<uint64_t, DeviceUsage> scan, scan_by_iterators;
     ASSERT_OK(ScanUsage(pool->store(), kBs, &scan));
+    // Too large for memory: the same through store iterators.
+    ASSERT_OK(ScanUsage(pool->store(), kBs, &scan_by_iterators, /*max_entries_in_memory=*/0));
     for (const DeviceInfo& d : pool->ListDevices()) {
       DeviceUsage want;
       for (auto& [b, p] : maps[d.name]) {
@@ -181,6 +183,9 @@ void RunSeed(uint64_t seed) {
         (readers[p] >= 2 ? want.shared_blocks : want.exclusive_blocks)++;
       }
       const DeviceUsage& got = scan[d.id.value];
+      const DeviceUsage& by_iterators = scan_by_iterators[d.id.value];
+      EXPECT_EQ(by_iterators.mapped_blocks, want.mapped_blocks) << d.name;
+      EXPECT_EQ(by_iterators.shared_blocks, want.shared_blocks) << d.name;
       EXPECT_EQ(got.mapped_blocks, want.mapped_blocks) << d.name;
       EXPECT_EQ(got.exclusive_blocks, want.exclusive_blocks) << d.name;
       EXPECT_EQ(got.shared_blocks, want.shared_blocks) << d.name;
