@@ -1,7 +1,6 @@
 #include "core/mapping_walk.h"
 
 #include <algorithm>
-#include <map>
 #include <string>
 
 namespace thinfs {
@@ -19,14 +18,19 @@ ResolvedWalk::~ResolvedWalk() = default;
 Result<std::unique_ptr<ResolvedWalk>> ResolvedWalk::Create(
     MetadataStore* store, const std::vector<DeviceRecord>& devices, VolumeId id,
     uint64_t block_size) {
-  return Create([store] { return store->NewMapIterator(); }, devices, id, block_size);
+  return Create([store] { return store->NewMapIterator(); }, IndexDevices(devices), id,
+                block_size);
 }
 
-Result<std::unique_ptr<ResolvedWalk>> ResolvedWalk::Create(
-    const IteratorFactory& new_iterator, const std::vector<DeviceRecord>& devices, VolumeId id,
-    uint64_t block_size) {
-  std::map<uint64_t, const DeviceRecord*> by_id;
-  for (const DeviceRecord& r : devices) by_id[r.id.value] = &r;
+ResolvedWalk::DeviceIndex ResolvedWalk::IndexDevices(const std::vector<DeviceRecord>& devices) {
+  DeviceIndex index;
+  for (const DeviceRecord& r : devices) index[r.id.value] = &r;
+  return index;
+}
+
+Result<std::unique_ptr<ResolvedWalk>> ResolvedWalk::Create(const IteratorFactory& new_iterator,
+                                                           const DeviceIndex& by_id, VolumeId id,
+                                                           uint64_t block_size) {
   auto it = by_id.find(id.value);
   if (it == by_id.end()) return Status::NotFound("no device " + std::to_string(id.value));
   const DeviceRecord* rec = it->second;
@@ -35,7 +39,7 @@ Result<std::unique_ptr<ResolvedWalk>> ResolvedWalk::Create(
   uint64_t limit = rec->size / block_size + (rec->size % block_size != 0 ? 1 : 0);
   Epoch epoch = rec->epoch;
   while (true) {
-    if (walk->levels_.size() > devices.size()) {
+    if (walk->levels_.size() > by_id.size()) {
       return Status::Corruption("parent chain of device " + std::to_string(id.value) +
                                 " has a cycle");
     }

@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include "core/metadata.h"
@@ -47,11 +48,14 @@ class ResolvedWalk {
                                                       const std::vector<DeviceRecord>& devices,
                                                       VolumeId id, uint64_t block_size);
   // The same over iterators from `new_iterator` (e.g. over a copy of the
-  // map in memory, core/usage_scan.cc).
+  // map in memory, core/usage_scan.cc) and a prebuilt index of the
+  // records (IndexDevices), for callers that walk many devices.
   using IteratorFactory = std::function<std::unique_ptr<MapIterator>()>;
+  using DeviceIndex = std::unordered_map<uint64_t, const DeviceRecord*>;
+  static DeviceIndex IndexDevices(const std::vector<DeviceRecord>& devices);
   static Result<std::unique_ptr<ResolvedWalk>> Create(const IteratorFactory& new_iterator,
-                                                      const std::vector<DeviceRecord>& devices,
-                                                      VolumeId id, uint64_t block_size);
+                                                      const DeviceIndex& devices, VolumeId id,
+                                                      uint64_t block_size);
   ~ResolvedWalk();
   ResolvedWalk(const ResolvedWalk&) = delete;
   ResolvedWalk& operator=(const ResolvedWalk&) = delete;

@@ -61,6 +61,7 @@ Status ScanUsage(MetadataStore* store, uint64_t block_size,
   THINFS_ASSIGN_OR_RETURN(std::vector<DeviceRecord> devices, store->LoadDevices());
   std::vector<MapEntry> map;
   THINFS_ASSIGN_OR_RETURN(bool in_memory, LoadMap(store, max_entries_in_memory, &map));
+  const ResolvedWalk::DeviceIndex index = ResolvedWalk::IndexDevices(devices);
   ResolvedWalk::IteratorFactory new_iterator;
   if (in_memory) {
     new_iterator = [&map] { return std::make_unique<VectorMapIterator>(&map); };
@@ -73,7 +74,7 @@ Status ScanUsage(MetadataStore* store, uint64_t block_size,
   for (const DeviceRecord& r : devices) {
     if (!Live(r)) continue;
     THINFS_ASSIGN_OR_RETURN(std::unique_ptr<ResolvedWalk> walk,
-                            ResolvedWalk::Create(new_iterator, devices, r.id, block_size));
+                            ResolvedWalk::Create(new_iterator, index, r.id, block_size));
     while (true) {
       THINFS_ASSIGN_OR_RETURN(std::optional<ResolvedBlock> b, walk->Next());
       if (!b) break;
@@ -86,7 +87,7 @@ Status ScanUsage(MetadataStore* store, uint64_t block_size,
   for (const DeviceRecord& r : devices) {
     if (!Live(r)) continue;
     THINFS_ASSIGN_OR_RETURN(std::unique_ptr<ResolvedWalk> walk,
-                            ResolvedWalk::Create(new_iterator, devices, r.id, block_size));
+                            ResolvedWalk::Create(new_iterator, index, r.id, block_size));
     DeviceUsage u;
     while (true) {
       THINFS_ASSIGN_OR_RETURN(std::optional<ResolvedBlock> b, walk->Next());
