@@ -17,7 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   size_t pos = 0;
   thinfs::StreamReader reader([&](std::span<std::byte> buf) -> thinfs::Result<size_t> {
     size_t n = std::min(buf.size(), size - pos);
-    std::memcpy(buf.data(), data + pos, n);
+    if (n > 0) std::memcpy(buf.data(), data + pos, n);
     pos += n;
     return n;
   });

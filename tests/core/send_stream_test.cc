@@ -59,7 +59,7 @@ StreamSource FromBytes(const std::vector<std::byte>& bytes, size_t chunk = 1000)
   auto pos = std::make_shared<size_t>(0);
   return [&bytes, pos, chunk](std::span<std::byte> buf) -> Result<size_t> {
     size_t n = std::min({buf.size(), bytes.size() - *pos, chunk});
-    std::memcpy(buf.data(), bytes.data() + *pos, n);
+    if (n > 0) std::memcpy(buf.data(), bytes.data() + *pos, n);
     *pos += n;
     return n;
   };
