@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/mapping_walk.h"
+#include "core/resolved_walk.h"
 
 namespace thinfs {
 

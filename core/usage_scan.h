@@ -6,7 +6,7 @@
 // listing N snapshots of one origin costs O(N^2 x blocks). ScanUsage walks
 // each device once to count, per data block, how many live devices read it,
 // then walks each again to classify its blocks: O(N x blocks) with an
-// iterator per chain level (core/mapping_walk.h) and no point lookups.
+// iterator per chain level (core/resolved_walk.h) and no point lookups.
 //
 // A mapped block is shared when another live device, or another block of
 // the same device (a range clone), reads the same data block; otherwise it
@@ -15,7 +15,7 @@
 // plus the stored reference count, which can differ both ways: a reference
 // held by a version no live device sees counts as shared there, and
 // sharing through a range clone whose version lacks kMaybeShared is
-// missed; tests/core/mapping_walk_test.cc checks ScanUsage against point
+// missed; tests/core/resolved_walk_test.cc checks ScanUsage against point
 // lookups.)
 //
 // Reads the committed state only: commit first. Thread safety: as

@@ -1,6 +1,6 @@
 // Replication commands: diff (thin_delta), send and receive (zfs send /
 // rbd export-diff). They read the committed block map with
-// core/mapping_walk.h; the stream format is core/send_stream.h, the
+// core/resolved_walk.h; the stream format is core/send_stream.h, the
 // identities of bases tools/stream_ids.h.
 //
 // diff and send open an unmounted pool directly; on a mounted one they
@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "core/json.h"
-#include "core/mapping_walk.h"
+#include "core/resolved_walk.h"
 #include "core/pool.h"
 #include "core/send_stream.h"
 #include "core/size.h"

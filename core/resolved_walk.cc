@@ -1,4 +1,4 @@
-#include "core/mapping_walk.h"
+#include "core/resolved_walk.h"
 
 #include <algorithm>
 #include <string>

@@ -14,7 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/mapping_walk.h"
+#include "core/resolved_walk.h"
 #include "core/usage_scan.h"
 #include "tests/util/engine_fixture.h"
 
@@ -209,7 +209,7 @@ uint64_t EnvOr(const char* name, uint64_t fallback) {
   return v != nullptr ? std::strtoull(v, nullptr, 10) : fallback;
 }
 
-TEST(MappingWalkTest, AgreesWithTheEngineOnRandomHistories) {
+TEST(ResolvedWalkTest, AgreesWithTheEngineOnRandomHistories) {
   const uint64_t first = EnvOr("THINFS_WALK_SEED", 1);
   const uint64_t seeds = EnvOr("THINFS_WALK_SEEDS", 30);
   for (uint64_t seed = first; seed < first + seeds; ++seed) {
@@ -218,7 +218,7 @@ TEST(MappingWalkTest, AgreesWithTheEngineOnRandomHistories) {
   }
 }
 
-TEST(MappingWalkTest, SnapshotsOfOneOriginDiffOnlyWhereWritten) {
+TEST(ResolvedWalkTest, SnapshotsOfOneOriginDiffOnlyWhereWritten) {
   EngineFixture f(kBs, 1024);
   Pool* pool = f.pool.get();
   ASSERT_TRUE(pool->CreateDevice("o", 64 * kBs).ok());
@@ -242,7 +242,7 @@ TEST(MappingWalkTest, SnapshotsOfOneOriginDiffOnlyWhereWritten) {
   EXPECT_TRUE(ActualDiff(pool, s2->id, s2->id, false).empty());
 }
 
-TEST(MappingWalkTest, MissingDeviceIsNotFound) {
+TEST(ResolvedWalkTest, MissingDeviceIsNotFound) {
   EngineFixture f(kBs, 64);
   auto devices = f.pool->store()->LoadDevices();
   ASSERT_TRUE(devices.ok());

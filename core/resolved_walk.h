@@ -14,8 +14,8 @@
 // read a checkpoint). Thread safety: a walk is used by one thread; any
 // number of walks may run concurrently over one store.
 
-#ifndef THINFS_CORE_MAPPING_WALK_H_
-#define THINFS_CORE_MAPPING_WALK_H_
+#ifndef THINFS_CORE_RESOLVED_WALK_H_
+#define THINFS_CORE_RESOLVED_WALK_H_
 
 #include <cstdint>
 #include <functional>
@@ -97,4 +97,4 @@ Status DiffWalks(ResolvedWalk* left, ResolvedWalk* right, bool include_same,
 
 }  // namespace thinfs
 
-#endif  // THINFS_CORE_MAPPING_WALK_H_
+#endif  // THINFS_CORE_RESOLVED_WALK_H_
