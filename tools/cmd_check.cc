@@ -138,7 +138,7 @@ Status CheckOpenPool(const meta::PoolPaths& paths, const Superblock& sb, meta::R
 // by the daemon and is not checked. Sets *answered to false when no daemon
 // answers on the control socket.
 Status CheckMountedPool(const meta::PoolPaths& paths, Report* r, bool* answered) {
-  auto cp = DaemonCheckpoint::Take(paths.root, "check");
+  auto cp = MountedMetadataCheckpoint::Take(paths.root, "check");
   if (!cp) {
     *answered = false;
     return Status::Ok();

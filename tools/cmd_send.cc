@@ -105,14 +105,14 @@ using DataReader = std::function<Result<size_t>(uint64_t offset, std::span<std::
 
 // What diff and send read: committed metadata and device data, of an
 // unmounted pool opened here, or of a mounted one: a checkpoint of its
-// metadata (DaemonCheckpoint) and the data through the mounted files.
+// metadata (MountedMetadataCheckpoint) and the data through the mounted files.
 struct ReadView {
   std::string root;
   std::string mountpoint;  // "" when opened here
   Superblock sb;
   MetadataStore* store = nullptr;
   std::unique_ptr<OpenPool> here;
-  std::unique_ptr<DaemonCheckpoint> checkpoint;
+  std::unique_ptr<MountedMetadataCheckpoint> checkpoint;
   std::unique_ptr<meta::RocksDbStore> checkpoint_store;
 
   // REQUIRES: no walk over `store` is alive.
@@ -170,7 +170,7 @@ Result<std::unique_ptr<ReadView>> OpenForReading(const std::string& dir) {
   if ((*where)->exit_code != kAdminOk) return Status::IOError((*where)->error);
   view->mountpoint = (*where)->text;
   while (!view->mountpoint.empty() && view->mountpoint.back() == '\n') view->mountpoint.pop_back();
-  auto cp = DaemonCheckpoint::Take(view->root, "send");
+  auto cp = MountedMetadataCheckpoint::Take(view->root, "send");
   if (!cp) return here.status();
   if (!cp->ok()) return cp->status().WithContext("checkpoint of the mounted pool");
   view->checkpoint = std::move(**cp);

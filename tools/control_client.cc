@@ -121,11 +121,11 @@ std::optional<Result<AdminReply>> CallDaemon(const std::string& pool,
   return reply;
 }
 
-std::optional<Result<std::unique_ptr<DaemonCheckpoint>>> DaemonCheckpoint::Take(
+std::optional<Result<std::unique_ptr<MountedMetadataCheckpoint>>> MountedMetadataCheckpoint::Take(
     const std::string& pool_root, const std::string& prefix) {
   std::string tmpl = pool_root + "/." + prefix + "-XXXXXX";
   if (::mkdtemp(tmpl.data()) == nullptr) {
-    return Result<std::unique_ptr<DaemonCheckpoint>>(Status::FromErrno(errno, "mkdtemp " + tmpl));
+    return Result<std::unique_ptr<MountedMetadataCheckpoint>>(Status::FromErrno(errno, "mkdtemp " + tmpl));
   }
   // RocksDB creates the checkpoint directory itself; the daemon wants an
   // absolute path.
@@ -134,20 +134,20 @@ std::optional<Result<std::unique_ptr<DaemonCheckpoint>>> DaemonCheckpoint::Take(
   std::string dir = ::realpath(pool_root.c_str(), abs) != nullptr
                         ? std::string(abs) + tmpl.substr(tmpl.rfind('/'))
                         : tmpl;
-  std::unique_ptr<DaemonCheckpoint> cp(new DaemonCheckpoint(dir));
+  std::unique_ptr<MountedMetadataCheckpoint> cp(new MountedMetadataCheckpoint(dir));
   AdminRequest request;
   request.command = "checkpoint";
   request.args = {{"dir", dir}};
   std::optional<Result<AdminReply>> call = CallDaemon(pool_root, request);
   if (!call) return std::nullopt;
-  if (!call->ok()) return Result<std::unique_ptr<DaemonCheckpoint>>(call->status());
+  if (!call->ok()) return Result<std::unique_ptr<MountedMetadataCheckpoint>>(call->status());
   if ((*call)->exit_code != kAdminOk) {
-    return Result<std::unique_ptr<DaemonCheckpoint>>(Status::IOError((*call)->error));
+    return Result<std::unique_ptr<MountedMetadataCheckpoint>>(Status::IOError((*call)->error));
   }
-  return Result<std::unique_ptr<DaemonCheckpoint>>(std::move(cp));
+  return Result<std::unique_ptr<MountedMetadataCheckpoint>>(std::move(cp));
 }
 
-DaemonCheckpoint::~DaemonCheckpoint() {
+MountedMetadataCheckpoint::~MountedMetadataCheckpoint() {
   std::error_code ec;
   std::filesystem::remove_all(dir_, ec);
 }

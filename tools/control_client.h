@@ -27,20 +27,20 @@ std::optional<Result<AdminReply>> CallDaemon(const std::string& pool,
 // commits, then writes a RocksDB checkpoint (hard links: cheap) into
 // POOL/.PREFIX-XXXXXX, which the destructor removes. Open it with
 // meta::RocksDbStore::Open(dir(), read_only).
-class DaemonCheckpoint {
+class MountedMetadataCheckpoint {
  public:
   // std::nullopt when no daemon answers on POOL/control.sock; else the
   // checkpoint or the error (daemon refused, mkdtemp failed).
-  static std::optional<Result<std::unique_ptr<DaemonCheckpoint>>> Take(
+  static std::optional<Result<std::unique_ptr<MountedMetadataCheckpoint>>> Take(
       const std::string& pool_root, const std::string& prefix);
-  ~DaemonCheckpoint();
-  DaemonCheckpoint(const DaemonCheckpoint&) = delete;
-  DaemonCheckpoint& operator=(const DaemonCheckpoint&) = delete;
+  ~MountedMetadataCheckpoint();
+  MountedMetadataCheckpoint(const MountedMetadataCheckpoint&) = delete;
+  MountedMetadataCheckpoint& operator=(const MountedMetadataCheckpoint&) = delete;
 
   const std::string& dir() const { return dir_; }
 
  private:
-  explicit DaemonCheckpoint(std::string dir) : dir_(std::move(dir)) {}
+  explicit MountedMetadataCheckpoint(std::string dir) : dir_(std::move(dir)) {}
   const std::string dir_;
 };
 
