@@ -4,9 +4,11 @@
 
 #include <cstdio>
 #include <limits>
+#include <unordered_map>
 
 #include "core/json.h"
 #include "core/size.h"
+#include "core/usage_scan.h"
 
 namespace thinfs {
 
@@ -132,8 +134,18 @@ AdminReply ListDevices(Pool& pool) {
   std::snprintf(line, sizeof line, "%-24s %12s %10s %10s %10s %-24s %s\n", "NAME", "SIZE",
                 "MAPPED", "EXCLUSIVE", "SHARED", "PARENT", "CREATED");
   text += line;
+  // One scan of the committed map for every device (core/usage_scan.h);
+  // a device the scan missed (created meanwhile) is computed alone.
+  std::unordered_map<uint64_t, DeviceUsage> scanned;
+  Status committed = pool.Commit();
+  if (committed.ok() || committed.code() == Status::Code::kReadOnly) {
+    Status scan = ScanUsage(pool.store(), pool.geometry().block_size(), &scanned);
+    if (!scan.ok()) return FromStatus(scan);
+  }
   for (const DeviceInfo& d : devices) {
-    Result<DeviceUsage> u = pool.ComputeUsage(d.id);
+    auto hit = scanned.find(d.id.value);
+    Result<DeviceUsage> u =
+        hit != scanned.end() ? Result<DeviceUsage>(hit->second) : pool.ComputeUsage(d.id);
     // A device deleted while listing is simply not listed.
     if (u.status().IsNotFound()) continue;
     if (!u.ok()) return FromStatus(u.status());

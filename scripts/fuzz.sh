@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-20}"
 shift || true
 targets=("$@")
-if [ ${#targets[@]} -eq 0 ]; then targets=(admin_wire size record_codec record_sealed bitmap_header mount_options thin_xml); fi
+if [ ${#targets[@]} -eq 0 ]; then targets=(admin_wire size record_codec record_sealed bitmap_header mount_options thin_xml send_stream); fi
 
 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DTHINFS_WERROR=ON -DTHINFS_FUZZ=ON \
   -DTHINFS_SANITIZE=ON -DTHINFS_BENCH=OFF -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null

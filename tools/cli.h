@@ -72,6 +72,10 @@ int RunGrow(const std::vector<std::string>& args);
 int RunDump(const std::vector<std::string>& args);
 int RunRestore(const std::vector<std::string>& args);
 int RunMetadataSize(const std::vector<std::string>& args);
+// tools/cmd_send.cc
+int RunDiff(const std::vector<std::string>& args);
+int RunSend(const std::vector<std::string>& args);
+int RunReceive(const std::vector<std::string>& args);
 
 // The options and positional arguments of one subcommand.
 class CommandLine {

@@ -1,5 +1,5 @@
 // ProgressLine: a one-line progress report on stderr for long commands
-// (check, dump, restore), shown only when stderr is a terminal, so that
+// (check, dump, restore, send, receive), shown only when stderr is a terminal, so that
 // scripts and logs stay quiet.
 //
 // Thread safety: single-threaded.
@@ -12,6 +12,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
+
+#include "core/size.h"
 
 namespace thinfs::tools {
 
@@ -40,6 +43,19 @@ class ProgressLine {
     } else {
       std::fprintf(stderr, "\r\033[K%s%s: %llu", verb_.c_str(), phase,
                    static_cast<unsigned long long>(done));
+    }
+    std::fflush(stderr);
+  }
+
+  // "VERB PHASE: 1.5 GiB of 4 GiB" (total 0: without "of").
+  void ShowBytes(const char* phase, uint64_t done, uint64_t total) {
+    if (!tty_) return;
+    shown_ = true;
+    if (total > 0) {
+      std::fprintf(stderr, "\r\033[K%s%s: %s of %s", verb_.c_str(), phase, FormatSize(done).c_str(),
+                   FormatSize(total).c_str());
+    } else {
+      std::fprintf(stderr, "\r\033[K%s%s: %s", verb_.c_str(), phase, FormatSize(done).c_str());
     }
     std::fflush(stderr);
   }

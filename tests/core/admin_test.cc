@@ -17,15 +17,9 @@ namespace {
 using testing::EngineFixture;
 using testing::JsonParser;
 using testing::JsonValue;
+using testing::ParseJson;
 
 constexpr uint64_t kBlock = 4096;
-
-JsonValue ParseJson(const std::string& text) {
-  std::string error;
-  std::optional<JsonValue> v = JsonParser::Parse(text, &error);
-  EXPECT_TRUE(v.has_value()) << error << ":\n" << text;
-  return v.value_or(JsonValue());
-}
 
 class AdminTest : public ::testing::Test {
  protected:

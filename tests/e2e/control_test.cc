@@ -26,13 +26,6 @@
 namespace thinfs::testing {
 namespace {
 
-JsonValue ParseJson(const std::string& text) {
-  std::string error;
-  std::optional<JsonValue> v = JsonParser::Parse(text, &error);
-  EXPECT_TRUE(v.has_value()) << error << ":\n" << text;
-  return v.value_or(JsonValue());
-}
-
 // Connects to `path`; the fd, or -errno.
 int Connect(const std::string& path) {
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);

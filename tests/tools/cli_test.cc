@@ -27,6 +27,7 @@ namespace {
 using testing::FlipByteOrDie;
 using testing::JsonParser;
 using testing::JsonValue;
+using testing::ParseJson;
 using testing::ReadFileOrDie;
 using testing::TempDir;
 using testing::TreeDigest;
@@ -43,13 +44,6 @@ void ExpectOneLineError(const CliRun& r, const std::string& prefix, const std::s
   EXPECT_EQ(r.err.back(), '\n') << Describe(r);
   EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "more than one line:\n" << Describe(r);
   EXPECT_NE(r.err.find(needle), std::string::npos) << "want '" << needle << "'\n" << Describe(r);
-}
-
-JsonValue ParseJson(const std::string& text) {
-  std::string error;
-  std::optional<JsonValue> v = JsonParser::Parse(text, &error);
-  EXPECT_TRUE(v.has_value()) << error << ":\n" << text;
-  return v.value_or(JsonValue());
 }
 
 void FormatOrDie(const std::string& pool, const std::string& size = "16M") {
@@ -74,6 +68,9 @@ const CommandSpec kCommands[] = {
     {"grow", {"--size", "--json", "--help", "Example", "Shrinking is refused"}},
     {"dump", {"--format", "--output", "--table", "--help", "Example"}},
     {"restore", {"--from", "--data", "--table", "--help", "Example"}},
+    {"diff", {"--format", "--same", "--help", "Example", "thin_delta"}},
+    {"send", {"--from", "--output", "--verbose", "--help", "Example"}},
+    {"receive", {"--input", "--force", "--verbose", "--help", "Example", "atomic"}},
 };
 
 // The device commands, each with valid arguments after POOL.

@@ -4,6 +4,8 @@
 #ifndef THINFS_TESTS_TOOLS_JSON_PARSER_H_
 #define THINFS_TESTS_TOOLS_JSON_PARSER_H_
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -191,6 +193,14 @@ class JsonParser {
   std::string_view t_;
   size_t pos_ = 0;
 };
+
+// Parses `text`; a parse error fails the current test (and returns null).
+inline JsonValue ParseJson(const std::string& text) {
+  std::string error;
+  std::optional<JsonValue> v = JsonParser::Parse(text, &error);
+  EXPECT_TRUE(v.has_value()) << error << ":\n" << text;
+  return v.value_or(JsonValue());
+}
 
 }  // namespace thinfs::testing
 
