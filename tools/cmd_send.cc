@@ -36,6 +36,7 @@
 #include "meta/pool_dir.h"
 #include "tools/cli.h"
 #include "tools/control_client.h"
+#include "tools/daemon_checkpoint.h"
 #include "tools/progress.h"
 #include "tools/stream_ids.h"
 
@@ -105,14 +106,14 @@ using DataReader = std::function<Result<size_t>(uint64_t offset, std::span<std::
 
 // What diff and send read: committed metadata and device data, of an
 // unmounted pool opened here, or of a mounted one: a checkpoint of its
-// metadata (MountedMetadataCheckpoint) and the data through the mounted files.
+// metadata (DaemonCheckpoint) and the data through the mounted files.
 struct ReadView {
   std::string root;
   std::string mountpoint;  // "" when opened here
   Superblock sb;
   MetadataStore* store = nullptr;
   std::unique_ptr<OpenPool> here;
-  std::unique_ptr<MountedMetadataCheckpoint> checkpoint;
+  std::unique_ptr<DaemonCheckpoint> checkpoint;
   std::unique_ptr<meta::RocksDbStore> checkpoint_store;
 
   // REQUIRES: no walk over `store` is alive.
@@ -170,10 +171,12 @@ Result<std::unique_ptr<ReadView>> OpenForReading(const std::string& dir) {
   if ((*where)->exit_code != kAdminOk) return Status::IOError((*where)->error);
   view->mountpoint = (*where)->text;
   while (!view->mountpoint.empty() && view->mountpoint.back() == '\n') view->mountpoint.pop_back();
-  auto cp = MountedMetadataCheckpoint::Take(view->root, "send");
-  if (!cp) return here.status();
-  if (!cp->ok()) return cp->status().WithContext("checkpoint of the mounted pool");
-  view->checkpoint = std::move(**cp);
+  bool answered = false;
+  Result<std::unique_ptr<DaemonCheckpoint>> cp =
+      DaemonCheckpoint::Take(meta::PoolPaths::For(dir), ".send-", &answered);
+  if (!answered) return here.status();
+  if (!cp.ok()) return cp.status().WithContext("checkpoint of the mounted pool");
+  view->checkpoint = std::move(*cp);
   meta::RocksDbOptions options;
   options.read_only = true;
   THINFS_ASSIGN_OR_RETURN(view->checkpoint_store,
