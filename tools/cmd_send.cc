@@ -37,57 +37,13 @@
 #include "tools/cli.h"
 #include "tools/control_client.h"
 #include "tools/daemon_checkpoint.h"
+#include "tools/pool_here.h"
 #include "tools/progress.h"
 #include "tools/stream_ids.h"
 
 namespace thinfs::tools {
 
 namespace {
-
-// A pool opened by this process. Members are destroyed in reverse order:
-// the engine before the files that hold the lock.
-struct OpenPool {
-  meta::PoolFiles files;
-  std::unique_ptr<Pool> pool;
-  Superblock sb;
-
-  ~OpenPool() {
-    if (pool) (void)pool->Close();
-  }
-  Status Close() {
-    Status s = pool ? pool->Close() : Status::Ok();
-    pool.reset();
-    return s;
-  }
-};
-
-Result<std::unique_ptr<OpenPool>> OpenPoolHere(const std::string& dir, bool read_only) {
-  meta::OpenOptions open_options;
-  open_options.read_only = read_only;
-  Result<meta::PoolFiles> files = meta::OpenPoolFiles(dir, open_options);
-  if (!files.ok()) {
-    if (files.status().code() == Status::Code::kBusy) {
-      return Status::Busy(files.status().message() +
-                          (read_only ? std::string()
-                                     : std::string(" (receive needs an unmounted pool: "
-                                                   "unmount it first)")));
-    }
-    return files.status();
-  }
-  auto out = std::make_unique<OpenPool>();
-  out->sb = files->superblock;
-  PoolOptions options;
-  options.commit_interval = std::chrono::milliseconds(0);
-  options.read_only = read_only;
-  Result<std::unique_ptr<Pool>> pool = Pool::Open(std::move(files->data), std::move(files->bitmap),
-                                                  std::move(files->store), options);
-  if (!pool.ok()) {
-    return pool.status().WithContext("cannot open pool " + dir);
-  }
-  out->files = std::move(*files);
-  out->pool = std::move(*pool);
-  return out;
-}
 
 // The live, named device `name` among `devices`.
 Result<const DeviceRecord*> FindNamed(const std::vector<DeviceRecord>& devices,
@@ -474,6 +430,10 @@ int Receive(const CommandLine& cl) {
   if (!h.ok()) return FailStatus(cl, h.status());
 
   Result<std::unique_ptr<OpenPool>> op = OpenPoolHere(cl.Arg(0), false);
+  if (!op.ok() && op.status().code() == Status::Code::kBusy) {
+    return FailStatus(cl, Status::Busy(op.status().message() +
+                                       " (receive needs an unmounted pool: unmount it first)"));
+  }
   if (!op.ok()) return FailStatus(cl, op.status());
   OpenPool& p = **op;
   Pool& pool = *p.pool;
