@@ -21,6 +21,7 @@
 #include "meta/pool_dir.h"
 #include "tools/cli.h"
 #include "tools/control_client.h"
+#include "tools/pool_here.h"
 
 namespace thinfs::tools {
 
@@ -42,28 +43,16 @@ int PrintReply(const CommandLine& cl, const AdminReply& reply, bool json) {
 
 // Runs `request` on the pool opened here (no daemon serves it).
 AdminReply RunDirect(const std::string& pool_dir, const AdminRequest& request, bool read_only) {
-  meta::OpenOptions open_options;
-  open_options.read_only = read_only;
-  Result<meta::PoolFiles> files = meta::OpenPoolFiles(pool_dir, open_options);
-  if (!files.ok()) return AdminReply::Error(kAdminFailure, files.status().message());
+  Result<std::unique_ptr<OpenPool>> open = OpenPoolHere(pool_dir, read_only);
+  if (!open.ok()) return AdminReply::Error(kAdminFailure, open.status().message());
+  OpenPool& here = **open;
   AdminContext ctx;
-  ctx.pool_root = files->paths.root;
-  ctx.data_path = meta::DataPathOf(files->paths);
+  ctx.pool_root = here.files.paths.root;
+  ctx.data_path = meta::DataPathOf(here.files.paths);
   ctx.create_attrs.uid = ::geteuid();
   ctx.create_attrs.gid = ::getegid();
-
-  PoolOptions options;
-  // Every management change commits itself; nothing else writes here.
-  options.commit_interval = std::chrono::milliseconds(0);
-  options.read_only = read_only;
-  Result<std::unique_ptr<Pool>> pool = Pool::Open(std::move(files->data), std::move(files->bitmap),
-                                                  std::move(files->store), options);
-  if (!pool.ok()) {
-    return AdminReply::Error(kAdminFailure, "cannot open pool " + pool_dir + ": " +
-                                                pool.status().message());
-  }
-  AdminReply reply = RunAdmin(**pool, request, ctx);
-  Status closed = (*pool)->Close();
+  AdminReply reply = RunAdmin(*here.pool, request, ctx);
+  Status closed = here.Close();
   if (!closed.ok() && reply.exit_code == kAdminOk) {
     return AdminReply::Error(kAdminFailure, "closing pool " + pool_dir + ": " + closed.message());
   }

@@ -36,57 +36,14 @@
 #include "meta/pool_dir.h"
 #include "tools/cli.h"
 #include "tools/control_client.h"
+#include "tools/daemon_checkpoint.h"
+#include "tools/pool_here.h"
 #include "tools/progress.h"
 #include "tools/stream_ids.h"
 
 namespace thinfs::tools {
 
 namespace {
-
-// A pool opened by this process. Members are destroyed in reverse order:
-// the engine before the files that hold the lock.
-struct OpenPool {
-  meta::PoolFiles files;
-  std::unique_ptr<Pool> pool;
-  Superblock sb;
-
-  ~OpenPool() {
-    if (pool) (void)pool->Close();
-  }
-  Status Close() {
-    Status s = pool ? pool->Close() : Status::Ok();
-    pool.reset();
-    return s;
-  }
-};
-
-Result<std::unique_ptr<OpenPool>> OpenPoolHere(const std::string& dir, bool read_only) {
-  meta::OpenOptions open_options;
-  open_options.read_only = read_only;
-  Result<meta::PoolFiles> files = meta::OpenPoolFiles(dir, open_options);
-  if (!files.ok()) {
-    if (files.status().code() == Status::Code::kBusy) {
-      return Status::Busy(files.status().message() +
-                          (read_only ? std::string()
-                                     : std::string(" (receive needs an unmounted pool: "
-                                                   "unmount it first)")));
-    }
-    return files.status();
-  }
-  auto out = std::make_unique<OpenPool>();
-  out->sb = files->superblock;
-  PoolOptions options;
-  options.commit_interval = std::chrono::milliseconds(0);
-  options.read_only = read_only;
-  Result<std::unique_ptr<Pool>> pool = Pool::Open(std::move(files->data), std::move(files->bitmap),
-                                                  std::move(files->store), options);
-  if (!pool.ok()) {
-    return pool.status().WithContext("cannot open pool " + dir);
-  }
-  out->files = std::move(*files);
-  out->pool = std::move(*pool);
-  return out;
-}
 
 // The live, named device `name` among `devices`.
 Result<const DeviceRecord*> FindNamed(const std::vector<DeviceRecord>& devices,
@@ -105,14 +62,14 @@ using DataReader = std::function<Result<size_t>(uint64_t offset, std::span<std::
 
 // What diff and send read: committed metadata and device data, of an
 // unmounted pool opened here, or of a mounted one: a checkpoint of its
-// metadata (MountedMetadataCheckpoint) and the data through the mounted files.
+// metadata (DaemonCheckpoint) and the data through the mounted files.
 struct ReadView {
   std::string root;
   std::string mountpoint;  // "" when opened here
   Superblock sb;
   MetadataStore* store = nullptr;
   std::unique_ptr<OpenPool> here;
-  std::unique_ptr<MountedMetadataCheckpoint> checkpoint;
+  std::unique_ptr<DaemonCheckpoint> checkpoint;
   std::unique_ptr<meta::RocksDbStore> checkpoint_store;
 
   // REQUIRES: no walk over `store` is alive.
@@ -170,10 +127,12 @@ Result<std::unique_ptr<ReadView>> OpenForReading(const std::string& dir) {
   if ((*where)->exit_code != kAdminOk) return Status::IOError((*where)->error);
   view->mountpoint = (*where)->text;
   while (!view->mountpoint.empty() && view->mountpoint.back() == '\n') view->mountpoint.pop_back();
-  auto cp = MountedMetadataCheckpoint::Take(view->root, "send");
-  if (!cp) return here.status();
-  if (!cp->ok()) return cp->status().WithContext("checkpoint of the mounted pool");
-  view->checkpoint = std::move(**cp);
+  bool answered = false;
+  Result<std::unique_ptr<DaemonCheckpoint>> cp =
+      DaemonCheckpoint::Take(meta::PoolPaths::For(dir), ".send-", &answered);
+  if (!answered) return here.status();
+  if (!cp.ok()) return cp.status().WithContext("checkpoint of the mounted pool");
+  view->checkpoint = std::move(*cp);
   meta::RocksDbOptions options;
   options.read_only = true;
   THINFS_ASSIGN_OR_RETURN(view->checkpoint_store,
@@ -471,6 +430,10 @@ int Receive(const CommandLine& cl) {
   if (!h.ok()) return FailStatus(cl, h.status());
 
   Result<std::unique_ptr<OpenPool>> op = OpenPoolHere(cl.Arg(0), false);
+  if (!op.ok() && op.status().code() == Status::Code::kBusy) {
+    return FailStatus(cl, Status::Busy(op.status().message() +
+                                       " (receive needs an unmounted pool: unmount it first)"));
+  }
   if (!op.ok()) return FailStatus(cl, op.status());
   OpenPool& p = **op;
   Pool& pool = *p.pool;

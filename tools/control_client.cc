@@ -4,12 +4,9 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
-#include <stdlib.h>
 #include <unistd.h>
 
-#include <climits>
 #include <cerrno>
-#include <filesystem>
 #include <cstring>
 
 #include "meta/pool_dir.h"
@@ -119,37 +116,6 @@ std::optional<Result<AdminReply>> CallDaemon(const std::string& pool,
         Status::IOError(where + ": malformed reply: " + reply.status().message()));
   }
   return reply;
-}
-
-std::optional<Result<std::unique_ptr<MountedMetadataCheckpoint>>> MountedMetadataCheckpoint::Take(
-    const std::string& pool_root, const std::string& prefix) {
-  std::string tmpl = pool_root + "/." + prefix + "-XXXXXX";
-  if (::mkdtemp(tmpl.data()) == nullptr) {
-    return Result<std::unique_ptr<MountedMetadataCheckpoint>>(Status::FromErrno(errno, "mkdtemp " + tmpl));
-  }
-  // RocksDB creates the checkpoint directory itself; the daemon wants an
-  // absolute path.
-  ::rmdir(tmpl.c_str());
-  char abs[PATH_MAX];
-  std::string dir = ::realpath(pool_root.c_str(), abs) != nullptr
-                        ? std::string(abs) + tmpl.substr(tmpl.rfind('/'))
-                        : tmpl;
-  std::unique_ptr<MountedMetadataCheckpoint> cp(new MountedMetadataCheckpoint(dir));
-  AdminRequest request;
-  request.command = "checkpoint";
-  request.args = {{"dir", dir}};
-  std::optional<Result<AdminReply>> call = CallDaemon(pool_root, request);
-  if (!call) return std::nullopt;
-  if (!call->ok()) return Result<std::unique_ptr<MountedMetadataCheckpoint>>(call->status());
-  if ((*call)->exit_code != kAdminOk) {
-    return Result<std::unique_ptr<MountedMetadataCheckpoint>>(Status::IOError((*call)->error));
-  }
-  return Result<std::unique_ptr<MountedMetadataCheckpoint>>(std::move(cp));
-}
-
-MountedMetadataCheckpoint::~MountedMetadataCheckpoint() {
-  std::error_code ec;
-  std::filesystem::remove_all(dir_, ec);
 }
 
 }  // namespace thinfs::tools

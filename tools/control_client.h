@@ -6,7 +6,6 @@
 #ifndef THINFS_TOOLS_CONTROL_CLIENT_H_
 #define THINFS_TOOLS_CONTROL_CLIENT_H_
 
-#include <memory>
 #include <optional>
 #include <string>
 
@@ -22,27 +21,6 @@ namespace thinfs::tools {
 // denied, a reply that is malformed, too large or late).
 std::optional<Result<AdminReply>> CallDaemon(const std::string& pool,
                                              const AdminRequest& request);
-
-// A consistent copy of a mounted pool's committed metadata: the daemon
-// commits, then writes a RocksDB checkpoint (hard links: cheap) into
-// POOL/.PREFIX-XXXXXX, which the destructor removes. Open it with
-// meta::RocksDbStore::Open(dir(), read_only).
-class MountedMetadataCheckpoint {
- public:
-  // std::nullopt when no daemon answers on POOL/control.sock; else the
-  // checkpoint or the error (daemon refused, mkdtemp failed).
-  static std::optional<Result<std::unique_ptr<MountedMetadataCheckpoint>>> Take(
-      const std::string& pool_root, const std::string& prefix);
-  ~MountedMetadataCheckpoint();
-  MountedMetadataCheckpoint(const MountedMetadataCheckpoint&) = delete;
-  MountedMetadataCheckpoint& operator=(const MountedMetadataCheckpoint&) = delete;
-
-  const std::string& dir() const { return dir_; }
-
- private:
-  explicit MountedMetadataCheckpoint(std::string dir) : dir_(std::move(dir)) {}
-  const std::string dir_;
-};
 
 }  // namespace thinfs::tools
 

@@ -1,0 +1,25 @@
+#include "tools/pool_here.h"
+
+#include <chrono>
+#include <utility>
+
+namespace thinfs::tools {
+
+Result<std::unique_ptr<OpenPool>> OpenPoolHere(const std::string& dir, bool read_only) {
+  meta::OpenOptions open_options;
+  open_options.read_only = read_only;
+  THINFS_ASSIGN_OR_RETURN(meta::PoolFiles files, meta::OpenPoolFiles(dir, open_options));
+  auto out = std::make_unique<OpenPool>();
+  out->sb = files.superblock;
+  PoolOptions options;
+  options.commit_interval = std::chrono::milliseconds(0);
+  options.read_only = read_only;
+  Result<std::unique_ptr<Pool>> pool = Pool::Open(std::move(files.data), std::move(files.bitmap),
+                                                  std::move(files.store), options);
+  if (!pool.ok()) return pool.status().WithContext("cannot open pool " + dir);
+  out->files = std::move(files);
+  out->pool = std::move(*pool);
+  return out;
+}
+
+}  // namespace thinfs::tools
