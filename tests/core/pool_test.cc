@@ -17,11 +17,7 @@ using testing::Pattern;
 
 constexpr uint64_t kBs = 4096;
 
-std::shared_ptr<Volume> Open(Pool& p, const std::string& name) {
-  auto v = p.OpenVolume(name);
-  EXPECT_TRUE(v.ok()) << v.status().ToString();
-  return v.ok() ? *v : nullptr;
-}
+constexpr auto& Open = testing::OpenOrFail;
 
 TEST(PoolTest, UnprovisionedReadsZerosAndTakesNoSpace) {
   EngineFixture f(kBs, 64);

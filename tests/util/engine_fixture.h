@@ -203,6 +203,14 @@ struct EngineFixture {
   std::unique_ptr<Pool> pool;
 };
 
+// Opens device `name`, failing the test (and returning nullptr) if it
+// cannot be opened.
+inline std::shared_ptr<Volume> OpenOrFail(Pool& p, const std::string& name) {
+  auto v = p.OpenVolume(name);
+  EXPECT_TRUE(v.ok()) << v.status().ToString();
+  return v.ok() ? *v : nullptr;
+}
+
 inline std::vector<std::byte> Pattern(size_t n, uint32_t seed) {
   std::vector<std::byte> v(n);
   uint32_t x = seed * 2654435761u + 1;
