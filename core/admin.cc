@@ -428,7 +428,8 @@ std::string FormatStatusText(const PoolStatusReport& r) {
     line("since mount:", "reads " + std::to_string(c.reads) + ", writes " +
                              std::to_string(c.writes) + ", provisions " +
                              std::to_string(c.provisions) + ", cow copies " +
-                             std::to_string(c.cow_copies) + ", discards " +
+                             std::to_string(c.cow_copies) + " (" +
+                             std::to_string(c.deferred_copies) + " deferred to a commit), discards " +
                              std::to_string(c.discards) + ", commits " +
                              std::to_string(c.commits));
     line("commit latency:", "p50 " + std::to_string(c.commit_p50_us) + " us, p90 " +
@@ -473,6 +474,7 @@ std::string FormatStatusJson(const PoolStatusReport& r) {
         .Key("writes").Uint(c.writes)
         .Key("provisions").Uint(c.provisions)
         .Key("cow_copies").Uint(c.cow_copies)
+        .Key("deferred_copies").Uint(c.deferred_copies)
         .Key("discards").Uint(c.discards)
         .Key("commits").Uint(c.commits)
         .Key("gc_backlog").Uint(c.gc_backlog)

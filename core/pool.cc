@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "core/check.h"
+#include "core/deferred_copy.h"
 #include "core/map_cache.h"
 #include "core/mutex.h"
 #include "core/transaction.h"
@@ -163,7 +164,9 @@ struct Pool::Impl {
         options(o),
         geometry(data->geometry().block_size(), data->geometry().data_blocks(),
                  o.force_generic_geometry_for_testing),
-        map_cache(o.map_cache_bytes / MapCache<Resolved>::EntryBytes()) {}
+        map_cache(o.map_cache_bytes / MapCache<Resolved>::EntryBytes()),
+        copies(data.get(), geometry.block_size(),
+               o.read_only ? 0 : o.deferred_copy_bytes / geometry.block_size()) {}
 
   // ---- Constant after construction ----
   std::unique_ptr<BlockDevice> data;
@@ -174,6 +177,10 @@ struct Pool::Impl {
   // What (device, block) resolves to, in front of Resolve (see
   // core/map_cache.h): SetEdit invalidates, VolumeState::map_gen expires.
   MapCache<Resolved> map_cache;
+  // Copy-on-write copies owed to the next commit (core/deferred_copy.h).
+  // Every data-area read and in-place write of a mapped block goes
+  // through it; Commit() completes the copies before its data sync.
+  DeferredCopies copies;
 
   // ---- Commit ----
   // Serialises commits. Outermost lock.
@@ -443,6 +450,7 @@ struct Pool::Impl {
     if (rc >= 2) {
       refcount_active[p.value] = rc - 1;
     } else {
+      copies.Drop(p);
       space->Free(p);
     }
     return Status::Ok();
@@ -604,7 +612,7 @@ struct Pool::Impl {
       if (exclusive) {
         if (zeros && whole) return DiscardBlockLocked(vol, b);
         data_dirty.store(true, std::memory_order_relaxed);
-        return data->Write(own->value.block, off, buf);
+        return copies.Write(own->value.block, off, buf);
       }
     }
     // Without an own version, vol resolves to what its parent shows.
@@ -621,11 +629,18 @@ struct Pool::Impl {
     if (whole) {
       // dm-thin's overwrite optimisation: never read what is overwritten.
       s = data->Write(p, 0, buf);
+    } else if (before.mapped() && copies.HasRoom() && !copies.Owes(before.value.block)) {
+      // Copy-on-write with the copy owed to the next commit: only the
+      // written bytes now (a source that itself owes a copy is copied at
+      // once below, so that owed copies never chain).
+      n_cow.fetch_add(1, std::memory_order_relaxed);
+      s = copies.Start(p, before.value.block, off, buf);
+      if (copies.size() * 2 >= copies.capacity()) WakeCommitter();
     } else {
       std::vector<std::byte> block(bs);
       if (before.mapped()) {
         n_cow.fetch_add(1, std::memory_order_relaxed);
-        s = data->Read(before.value.block, 0, block);
+        s = copies.Read(before.value.block, 0, block);
       }
       if (s.ok()) {
         std::memcpy(block.data() + off, buf.data(), buf.size());
@@ -648,7 +663,7 @@ struct Pool::Impl {
       std::memset(buf.data(), 0, buf.size());
       return Status::Ok();
     }
-    return data->Read(r.value.block, off, buf);
+    return copies.Read(r.value.block, off, buf);
   }
 
   // Next block >= b that has a version in vol's chain (a candidate for
@@ -737,6 +752,19 @@ struct Pool::Impl {
         superblock.next_device_id = next_device_id;
       }
     }
+    // Owed copy-on-write copies, before the data sync: every mapping this
+    // commit writes points at a complete block. (A copy is owed only by a
+    // write whose edit is in this commit or the next.)
+    if (copies.size() != 0) {
+      Status cs = copies.CompleteAll();
+      if (!cs.ok()) {
+        failure = cs.ToString();
+        failed.store(true);
+        Log(0, "commit failed, the pool stops writing until 'thinfs check': " + failure);
+        return cs;
+      }
+      data_dirty.store(true);
+    }
     const bool data_written = data_dirty.exchange(false);
     if (!any_overlay && batch.empty() && frees.empty() && !data_written) return Status::Ok();
 
@@ -811,6 +839,12 @@ struct Pool::Impl {
     }
     n_commits.fetch_add(1, std::memory_order_relaxed);
     return Status::Ok();
+  }
+
+  // Asks the periodic committer to commit now (when it runs).
+  void WakeCommitter() {
+    MutexLock l(&timer_mu);
+    timer_cv.Signal();
   }
 
   void CommitLoop() {
@@ -2105,6 +2139,7 @@ PoolStats Pool::Stats() const {
   s.writes = p.n_writes.load();
   s.provisions = p.n_provisions.load();
   s.cow_copies = p.n_cow.load();
+  s.deferred_copies = p.copies.completed();
   s.discards = p.n_discards.load();
   s.commits = p.n_commits.load();
   {

@@ -22,7 +22,9 @@
 // (outer first): Volume::io_mu_ -> stripe locks (by index) -> swap_mu_
 // (shared) -> overlay shard mutexes / refcount_mu_ -> devices_mu_ ->
 // allocator. commit_mu_ is outermost for Commit() and is never taken while
-// holding any of the others. No lock is held across a data-area sync.
+// holding any of the others. No lock is held across a data-area sync. The
+// mutex of an owed copy-on-write copy (core/deferred_copy.h) is a leaf,
+// held across that block's data I/O only.
 
 #ifndef THINFS_CORE_POOL_H_
 #define THINFS_CORE_POOL_H_
@@ -58,6 +60,12 @@ struct PoolOptions {
   // (core/map_cache.h): what recently used (device, block)s resolve to.
   // Rounded down to a power of two of entries; 0 turns it off.
   size_t map_cache_bytes = size_t{16} << 20;
+  // How much copy-on-write copying may be owed to the next commit
+  // (core/deferred_copy.h), in bytes of data blocks: a partial write to a
+  // shared block then writes only its bytes, and the commit copies the
+  // rest. Full: copies are made at once, as with 0. When half full, the
+  // periodic commit is started early.
+  uint64_t deferred_copy_bytes = uint64_t{256} << 20;
   // Refuse every change with kReadOnly.
   bool read_only = false;
   // Run the garbage collector in a background thread. Tests turn it off and
@@ -130,6 +138,7 @@ struct PoolStats {
   uint64_t writes = 0;
   uint64_t provisions = 0;
   uint64_t cow_copies = 0;
+  uint64_t deferred_copies = 0;  // copy-on-write copies made by a commit
   uint64_t discards = 0;
   uint64_t commits = 0;
   uint64_t gc_backlog = 0;  // devices and candidate blocks waiting for GC

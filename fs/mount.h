@@ -36,6 +36,9 @@ struct MountOptions {
   size_t block_cache_bytes = 64 << 20;
   // Block-map cache in front of RocksDB (core/map_cache.h), bytes; 0 off.
   size_t map_cache_bytes = 16 << 20;
+  // Copy-on-write copying owed to the next commit (core/deferred_copy.h),
+  // bytes of data blocks; 0 copies at once.
+  uint64_t deferred_copy_bytes = uint64_t{256} << 20;
   bool zero_detection = true;
   bool direct_io = false;  // O_DIRECT on the data file
   bool writeback_cache = false;
@@ -59,6 +62,7 @@ struct MountOptions {
 //                               (bare N = milliseconds, 0 = off)
 //   cache_size=SIZE             metadata block cache; SIZE is N[K|M|G]
 //   map_cache=SIZE              block-map cache in memory (default 16M; 0 off)
+//   deferred_copy=SIZE          COW copying left to the next commit (256M; 0 off)
 //   zero_detect=on|off          whole-block zero writes unmap (default on)
 //   direct_io=on|off            O_DIRECT on the pool's data file (default off)
 //   writeback_cache=on|off      kernel writeback cache (default off)

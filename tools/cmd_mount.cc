@@ -32,6 +32,8 @@ int RunMount(const std::vector<std::string>& args) {
        "  commit_interval=DUR    periodic commit (N, Nms, Ns, Nm; 0 off; default 1s)\n"
        "  cache_size=SIZE        metadata block cache (default 64M)\n"
        "  map_cache=SIZE         block-map cache in memory (default 16M; 0 off)\n"
+       "  deferred_copy=SIZE     copy-on-write copying a partial write may leave\n"
+       "                         to the next commit (default 256M; 0 off)\n"
        "  zero_detect=on|off     whole-block zero writes unmap (default on)\n"
        "  direct_io=on|off       O_DIRECT on the pool's data file (default off)\n"
        "  writeback_cache=on|off kernel writeback cache (default off)\n"

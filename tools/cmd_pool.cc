@@ -111,7 +111,8 @@ int RunStatus(const std::vector<std::string>& args) {
       "JSON keys: pool, uuid, created, created_ns, data_path, data_bytes, block_size,\n"
       "data_blocks, used_blocks, free_blocks, devices, transaction_id, bitmap_clean,\n"
       "mounted, mountpoint (null when not mounted) and, when mounted, counters:\n"
-      "{reads, writes, provisions, cow_copies, discards, commits, gc_backlog}.\n\n"
+      "{reads, writes, provisions, cow_copies, deferred_copies, discards, commits,\n"
+      "gc_backlog}.\n\n"
       "Example:\n"
       "  thinfs status /srv/pool --json\n");
   if (std::optional<int> code = cl.Parse(args)) return *code;

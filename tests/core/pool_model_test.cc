@@ -32,17 +32,18 @@ using Model = std::map<std::string, std::vector<std::byte>>;
 
 class ModelRun {
  public:
-  ModelRun(uint64_t seed, uint64_t block_size, bool generic)
-      : rng_(seed), bs_(block_size), f_(block_size, 2048, Options(generic)) {}
+  ModelRun(uint64_t seed, uint64_t block_size, bool generic, uint64_t deferred_copy_bytes)
+      : rng_(seed), bs_(block_size), f_(block_size, 2048, Options(generic, deferred_copy_bytes)) {}
 
-  static PoolOptions Options(bool generic) {
+  static PoolOptions Options(bool generic, uint64_t deferred_copy_bytes) {
     PoolOptions o = EngineFixture::DefaultOptions();
     o.force_generic_geometry_for_testing = generic;
+    o.deferred_copy_bytes = deferred_copy_bytes;
     return o;
   }
 
   void Run(uint64_t steps) {
-    Create("d0", 16 * bs_);
+    Create("d0", 2 * max_blocks_ / 3 * bs_);
     for (step_ = 0; step_ < steps && !::testing::Test::HasFatalFailure(); ++step_) {
       Step();
       if (::testing::Test::HasFatalFailure()) return;
@@ -125,7 +126,7 @@ class ModelRun {
       model_.erase(d);
       committed_ = model_;
     } else if (op < 66) {  // resize
-      uint64_t nsize = Rand(24 * bs_ + 1);
+      uint64_t nsize = Rand(max_blocks_ * bs_ + 1);
       v.reset();
       ASSERT_OK(f_.pool->ResizeDevice(d, nsize));
       bytes.resize(nsize);
@@ -194,6 +195,9 @@ class ModelRun {
 
   std::mt19937_64 rng_;
   const uint64_t bs_;
+  // Devices stay under this many blocks: 24, or 9 of 64 KiB (the whole
+  // model is read back after every step).
+  const uint64_t max_blocks_ = bs_ >= 65536 ? 9 : 24;
   EngineFixture f_;
   Model model_;
   Model committed_;
@@ -208,13 +212,17 @@ TEST(PoolModelTest, RandomSequencesMatchTheModel) {
   uint64_t seeds = EnvOr("THINFS_MODEL_SEEDS", 40);
   uint64_t steps = EnvOr("THINFS_MODEL_STEPS", 400);
   for (uint64_t seed = first; seed < first + seeds; ++seed) {
-    // Mostly 4 KiB blocks; every third seed a non-power-of-two size, every
-    // fifth the forced division path.
-    uint64_t bs = seed % 3 == 0 ? 12288 : 4096;
+    // 4 KiB blocks (one sector: copy-on-write copies at once), a
+    // non-power-of-two size (3 sectors) and 64 KiB (16 sectors: partial
+    // copy-on-write leaves its copy to the commit); every fifth seed the
+    // forced division path; every fourth so little room for owed copies
+    // that most are made at once.
+    uint64_t bs = seed % 3 == 0 ? 12288 : seed % 6 == 2 ? 65536 : 4096;
     bool generic = seed % 5 == 0;
+    uint64_t deferred = seed % 4 == 0 ? 2 * bs : PoolOptions().deferred_copy_bytes;
     SCOPED_TRACE("seed " + std::to_string(seed) + " (rerun: THINFS_MODEL_SEED=" +
                  std::to_string(seed) + " THINFS_MODEL_SEEDS=1)");
-    ModelRun run(seed, bs, generic);
+    ModelRun run(seed, bs, generic, deferred);
     run.Run(steps);
     if (HasFailure()) {
       std::fprintf(stderr, "model test failed with seed %llu\n",

@@ -1,0 +1,200 @@
+#include "core/deferred_copy.h"
+
+#include <algorithm>
+
+namespace thinfs {
+
+namespace {
+
+constexpr uint64_t kMaxSectors = 64;
+
+uint64_t Bit(uint64_t k) { return uint64_t{1} << k; }
+
+// The smallest multiple of 4 KiB that splits a block into at most 64.
+uint64_t SectorSizeFor(uint64_t block_size) {
+  const uint64_t pages = (block_size + kMinBlockSize - 1) / kMinBlockSize;
+  return kMinBlockSize * ((pages + kMaxSectors - 1) / kMaxSectors);
+}
+
+}  // namespace
+
+struct DeferredCopies::Owed {
+  Owed(PoolBlock b, PoolBlock s) : block(b), source(s) {}
+  const PoolBlock block;
+  const PoolBlock source;
+  Mutex mu;
+  uint64_t written GUARDED_BY(mu) = 0;  // bit k: sector k holds its data
+  bool done GUARDED_BY(mu) = false;     // nothing owed: read `block` as is
+};
+
+DeferredCopies::DeferredCopies(BlockDevice* data, uint64_t block_size, size_t capacity)
+    : data_(data),
+      block_size_(block_size),
+      sector_(SectorSizeFor(block_size)),
+      sectors_((block_size + sector_ - 1) / sector_),
+      all_(sectors_ == 64 ? ~uint64_t{0} : Bit(sectors_) - 1),
+      capacity_(capacity) {}
+
+DeferredCopies::~DeferredCopies() = default;
+
+uint64_t DeferredCopies::SectorEnd(uint64_t k) const {
+  return std::min((k + 1) * sector_, block_size_);
+}
+
+std::shared_ptr<DeferredCopies::Owed> DeferredCopies::Find(PoolBlock block) const {
+  if (count_.load(std::memory_order_acquire) == 0) return nullptr;
+  Shard& s = const_cast<DeferredCopies*>(this)->ShardOf(block);
+  MutexLock l(&s.mu);
+  auto it = s.owed.find(block.value);
+  return it == s.owed.end() ? nullptr : it->second;
+}
+
+void DeferredCopies::Erase(const Owed& o) {
+  Shard& s = ShardOf(o.block);
+  MutexLock l(&s.mu);
+  auto it = s.owed.find(o.block.value);
+  if (it == s.owed.end() || it->second.get() != &o) return;
+  s.owed.erase(it);
+  count_.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+bool DeferredCopies::Owes(PoolBlock block) const { return Find(block) != nullptr; }
+
+Status DeferredCopies::WriteLocked(Owed& o, uint64_t offset, std::span<const std::byte> buf) {
+  o.mu.AssertHeld();
+  if (buf.empty()) return Status::Ok();
+  const uint64_t end = offset + buf.size();
+  const uint64_t first = SectorOf(offset);
+  const uint64_t last = SectorOf(end - 1);
+  std::vector<std::byte> tmp;
+  // Copies [from, to) of the source into the block.
+  auto copy = [&](uint64_t from, uint64_t to) -> Status {
+    tmp.resize(to - from);
+    THINFS_RETURN_IF_ERROR(data_->Read(o.source, from, tmp));
+    return data_->Write(o.block, from, tmp);
+  };
+  for (uint64_t k : {first, last}) {
+    if (o.written & Bit(k)) continue;
+    const uint64_t s = k * sector_;
+    const uint64_t e = SectorEnd(k);
+    if (k == first && offset > s) THINFS_RETURN_IF_ERROR(copy(s, offset));
+    if (k == last && end < e) THINFS_RETURN_IF_ERROR(copy(end, e));
+    if (first == last) break;
+  }
+  THINFS_RETURN_IF_ERROR(data_->Write(o.block, offset, buf));
+  for (uint64_t k = first; k <= last; ++k) o.written |= Bit(k);
+  return Status::Ok();
+}
+
+Status DeferredCopies::Start(PoolBlock block, PoolBlock source, uint64_t offset,
+                             std::span<const std::byte> buf) {
+  auto o = std::make_shared<Owed>(block, source);
+  {
+    MutexLock l(&o->mu);
+    THINFS_RETURN_IF_ERROR(WriteLocked(*o, offset, buf));
+    if (o->written == all_) {
+      o->done = true;  // the write and its edges covered every sector
+      return Status::Ok();
+    }
+  }
+  Shard& s = ShardOf(block);
+  MutexLock l(&s.mu);
+  s.owed[block.value] = std::move(o);
+  count_.fetch_add(1, std::memory_order_acq_rel);
+  return Status::Ok();
+}
+
+Status DeferredCopies::Read(PoolBlock block, uint64_t offset, std::span<std::byte> buf) {
+  std::shared_ptr<Owed> o = Find(block);
+  if (!o) return data_->Read(block, offset, buf);
+  MutexLock l(&o->mu);
+  if (o->done) return data_->Read(block, offset, buf);
+  const uint64_t end = offset + buf.size();
+  uint64_t pos = offset;
+  while (pos < end) {
+    // The run of sectors from pos that read from the same place.
+    const bool written = o->written & Bit(SectorOf(pos));
+    uint64_t run_end = SectorEnd(SectorOf(pos));
+    while (run_end < end && static_cast<bool>(o->written & Bit(SectorOf(run_end))) == written) {
+      run_end = SectorEnd(SectorOf(run_end));
+    }
+    run_end = std::min(run_end, end);
+    THINFS_RETURN_IF_ERROR(data_->Read(written ? o->block : o->source, pos,
+                                       buf.subspan(pos - offset, run_end - pos)));
+    pos = run_end;
+  }
+  return Status::Ok();
+}
+
+Status DeferredCopies::Write(PoolBlock block, uint64_t offset, std::span<const std::byte> buf) {
+  std::shared_ptr<Owed> o = Find(block);
+  if (!o) return data_->Write(block, offset, buf);
+  {
+    MutexLock l(&o->mu);
+    if (o->done) return data_->Write(block, offset, buf);
+    THINFS_RETURN_IF_ERROR(WriteLocked(*o, offset, buf));
+    if (o->written != all_) return Status::Ok();
+    o->done = true;
+  }
+  Erase(*o);
+  return Status::Ok();
+}
+
+void DeferredCopies::Drop(PoolBlock block) {
+  std::shared_ptr<Owed> o = Find(block);
+  if (!o) return;
+  {
+    MutexLock l(&o->mu);
+    o->done = true;
+  }
+  Erase(*o);
+}
+
+Status DeferredCopies::CompleteLocked(Owed& o, std::vector<std::byte>* scratch) {
+  o.mu.AssertHeld();
+  // One read of the whole source block: sequential in source order, which
+  // is how CompleteAll goes; then only the sectors still owed are written.
+  scratch->resize(block_size_);
+  THINFS_RETURN_IF_ERROR(data_->Read(o.source, 0, *scratch));
+  uint64_t k = 0;
+  while (k < sectors_) {
+    if (o.written & Bit(k)) {
+      ++k;
+      continue;
+    }
+    uint64_t j = k;
+    while (j < sectors_ && !(o.written & Bit(j))) ++j;
+    const uint64_t from = k * sector_;
+    const uint64_t to = SectorEnd(j - 1);
+    THINFS_RETURN_IF_ERROR(
+        data_->Write(o.block, from, std::span<const std::byte>(*scratch).subspan(from, to - from)));
+    k = j;
+  }
+  o.written = all_;
+  o.done = true;
+  return Status::Ok();
+}
+
+Status DeferredCopies::CompleteAll() {
+  std::vector<std::shared_ptr<Owed>> owed;
+  for (Shard& s : shards_) {
+    MutexLock l(&s.mu);
+    for (const auto& [b, o] : s.owed) owed.push_back(o);
+  }
+  std::sort(owed.begin(), owed.end(),
+            [](const auto& a, const auto& b) { return a->source.value < b->source.value; });
+  std::vector<std::byte> scratch;
+  for (const std::shared_ptr<Owed>& o : owed) {
+    {
+      MutexLock l(&o->mu);
+      if (!o->done) {
+        THINFS_RETURN_IF_ERROR(CompleteLocked(*o, &scratch));
+        completed_.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+    Erase(*o);
+  }
+  return Status::Ok();
+}
+
+}  // namespace thinfs

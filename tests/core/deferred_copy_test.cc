@@ -1,0 +1,230 @@
+// DeferredCopies: what an owed copy reads as, in-place writes into it, the
+// copy made by CompleteAll, and all of it racing (run under TSan too).
+// Every check compares with a model: the bytes the block is meant to hold.
+
+#include "core/deferred_copy.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "core/fault_injection_block_device.h"
+#include "core/mem_block_device.h"
+
+namespace thinfs {
+namespace {
+
+constexpr uint64_t kBs = 64 * 1024;
+
+std::vector<std::byte> Pattern(size_t n, uint8_t seed) {
+  std::vector<std::byte> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = std::byte(static_cast<uint8_t>(seed * 31 + i * 7 + i / 4096));
+  return v;
+}
+
+std::vector<std::byte> ReadRaw(BlockDevice& d, PoolBlock b) {
+  std::vector<std::byte> v(d.geometry().block_size());
+  EXPECT_TRUE(d.Read(b, 0, v).ok());
+  return v;
+}
+
+std::vector<std::byte> ReadVia(DeferredCopies& c, PoolBlock b, uint64_t off, size_t n) {
+  std::vector<std::byte> v(n);
+  Status s = c.Read(b, off, v);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return v;
+}
+
+struct Fixture {
+  explicit Fixture(uint64_t bs = kBs, size_t capacity = 16) : geometry(bs, 8), data(geometry),
+                                                              copies(&data, bs, capacity) {
+    source = Pattern(bs, 1);
+    EXPECT_TRUE(data.Write(PoolBlock(0), 0, source).ok());
+    // Whatever a freshly allocated block held before: must never show.
+    EXPECT_TRUE(data.Write(PoolBlock(1), 0, Pattern(bs, 99)).ok());
+  }
+  Geometry geometry;
+  MemBlockDevice data;
+  DeferredCopies copies;
+  std::vector<std::byte> source;
+};
+
+TEST(DeferredCopiesTest, SectorsSplitABlockInAtMost64) {
+  Fixture f;
+  EXPECT_EQ(f.copies.sector_size(), 4096u);
+  Geometry g(uint64_t{1} << 20, 2);
+  MemBlockDevice d(g);
+  EXPECT_EQ(DeferredCopies(&d, uint64_t{1} << 20, 1).sector_size(), 16384u);
+  Geometry odd(12 * 4096 * 7, 2);  // not a power of two
+  MemBlockDevice d2(odd);
+  EXPECT_EQ(DeferredCopies(&d2, 12 * 4096 * 7, 1).sector_size(), 8192u);
+}
+
+TEST(DeferredCopiesTest, OwedBlockReadsWrittenBytesAndTheSourceElsewhere) {
+  Fixture f;
+  auto w = Pattern(4096, 2);
+  ASSERT_TRUE(f.copies.Start(PoolBlock(1), PoolBlock(0), 8192, w).ok());
+  EXPECT_TRUE(f.copies.Owes(PoolBlock(1)));
+  EXPECT_EQ(f.copies.size(), 1u);
+  std::vector<std::byte> want = f.source;
+  std::memcpy(want.data() + 8192, w.data(), w.size());
+  EXPECT_EQ(ReadVia(f.copies, PoolBlock(1), 0, kBs), want);
+  // A read inside one sector, and one across the written sector's edges.
+  EXPECT_EQ(ReadVia(f.copies, PoolBlock(1), 100, 50),
+            std::vector<std::byte>(want.begin() + 100, want.begin() + 150));
+  EXPECT_EQ(ReadVia(f.copies, PoolBlock(1), 8000, 5000),
+            std::vector<std::byte>(want.begin() + 8000, want.begin() + 13000));
+  // Only the written bytes reached the new block.
+  auto raw = ReadRaw(f.data, PoolBlock(1));
+  EXPECT_NE(raw, want);
+  EXPECT_EQ(std::memcmp(raw.data() + 8192, w.data(), w.size()), 0);
+
+  ASSERT_TRUE(f.copies.CompleteAll().ok());
+  EXPECT_FALSE(f.copies.Owes(PoolBlock(1)));
+  EXPECT_EQ(f.copies.size(), 0u);
+  EXPECT_EQ(f.copies.completed(), 1u);
+  EXPECT_EQ(ReadRaw(f.data, PoolBlock(1)), want) << "the commit's copy completes the block";
+}
+
+TEST(DeferredCopiesTest, UnalignedWritesCopyTheRestOfTheirSectorsAtOnce) {
+  Fixture f;
+  auto w = Pattern(5000, 3);  // from the middle of sector 1 into sector 2
+  ASSERT_TRUE(f.copies.Start(PoolBlock(1), PoolBlock(0), 4096 + 300, w).ok());
+  std::vector<std::byte> want = f.source;
+  std::memcpy(want.data() + 4096 + 300, w.data(), w.size());
+  auto raw = ReadRaw(f.data, PoolBlock(1));
+  EXPECT_EQ(std::memcmp(raw.data() + 4096, want.data() + 4096, 2 * 4096), 0)
+      << "sectors 1 and 2 hold their whole contents in the new block";
+  EXPECT_EQ(ReadVia(f.copies, PoolBlock(1), 0, kBs), want);
+  // In place, inside one sector still owed (the last), at both its ends.
+  auto w2 = Pattern(10, 4);
+  ASSERT_TRUE(f.copies.Write(PoolBlock(1), kBs - 4096 + 7, w2).ok());
+  std::memcpy(want.data() + kBs - 4096 + 7, w2.data(), w2.size());
+  EXPECT_EQ(ReadVia(f.copies, PoolBlock(1), 0, kBs), want);
+  ASSERT_TRUE(f.copies.CompleteAll().ok());
+  EXPECT_EQ(ReadRaw(f.data, PoolBlock(1)), want);
+}
+
+TEST(DeferredCopiesTest, WritesThatCoverEverySectorOweNothing) {
+  Fixture f;
+  auto w = Pattern(kBs - 100, 5);
+  ASSERT_TRUE(f.copies.Start(PoolBlock(1), PoolBlock(0), 100, w).ok());
+  EXPECT_FALSE(f.copies.Owes(PoolBlock(1))) << "the first sector's rest was copied at once";
+  std::vector<std::byte> want = f.source;
+  std::memcpy(want.data() + 100, w.data(), w.size());
+  EXPECT_EQ(ReadRaw(f.data, PoolBlock(1)), want);
+
+  ASSERT_TRUE(f.copies.Start(PoolBlock(2), PoolBlock(0), 0, Pattern(kBs / 2, 6)).ok());
+  ASSERT_TRUE(f.copies.Owes(PoolBlock(2)));
+  ASSERT_TRUE(f.copies.Write(PoolBlock(2), kBs / 2, Pattern(kBs / 2, 7)).ok());
+  EXPECT_FALSE(f.copies.Owes(PoolBlock(2))) << "in-place writes filled the rest";
+  ASSERT_TRUE(f.copies.CompleteAll().ok());
+  EXPECT_EQ(f.copies.completed(), 0u) << "nothing was left to copy";
+}
+
+TEST(DeferredCopiesTest, DroppedBlocksAreNotCopied) {
+  Fixture f;
+  ASSERT_TRUE(f.copies.Start(PoolBlock(1), PoolBlock(0), 0, Pattern(4096, 2)).ok());
+  f.copies.Drop(PoolBlock(1));
+  EXPECT_FALSE(f.copies.Owes(PoolBlock(1)));
+  EXPECT_EQ(f.copies.size(), 0u);
+  ASSERT_TRUE(f.copies.CompleteAll().ok());
+  EXPECT_EQ(f.copies.completed(), 0u);
+  f.copies.Drop(PoolBlock(5));  // never owed: nothing happens
+}
+
+TEST(DeferredCopiesTest, CapacityBoundsWhatMayBeOwed) {
+  Fixture f(kBs, 2);
+  EXPECT_TRUE(f.copies.HasRoom());
+  ASSERT_TRUE(f.copies.Start(PoolBlock(1), PoolBlock(0), 0, Pattern(4096, 2)).ok());
+  ASSERT_TRUE(f.copies.Start(PoolBlock(2), PoolBlock(0), 0, Pattern(4096, 3)).ok());
+  EXPECT_FALSE(f.copies.HasRoom());
+  ASSERT_TRUE(f.copies.CompleteAll().ok());
+  EXPECT_TRUE(f.copies.HasRoom());
+  EXPECT_FALSE(DeferredCopies(&f.data, kBs, 0).HasRoom()) << "capacity 0: never defer";
+}
+
+// A failed copy stays owed and readable; the next CompleteAll makes it.
+TEST(DeferredCopiesTest, AFailedCopyStaysOwed) {
+  Geometry g(kBs, 8);
+  FaultInjectionBlockDevice data(g, /*seed=*/3);
+  DeferredCopies copies(&data, kBs, 4);
+  auto src = Pattern(kBs, 1);
+  ASSERT_TRUE(data.Write(PoolBlock(0), 0, src).ok());
+  auto w = Pattern(4096, 2);
+  ASSERT_TRUE(copies.Start(PoolBlock(1), PoolBlock(0), 0, w).ok());
+  data.FailNthIo(1);
+  EXPECT_FALSE(copies.CompleteAll().ok());
+  EXPECT_TRUE(copies.Owes(PoolBlock(1)));
+  std::vector<std::byte> want = src;
+  std::memcpy(want.data(), w.data(), w.size());
+  EXPECT_EQ(ReadVia(copies, PoolBlock(1), 0, kBs), want);
+  ASSERT_TRUE(copies.CompleteAll().ok());
+  EXPECT_EQ(ReadRaw(data, PoolBlock(1)), want);
+}
+
+// Writers (one per block, as the stripe lock guarantees), readers and
+// CompleteAll at once; every read must show the model's bytes for the
+// sectors whose writes completed before it started.
+TEST(DeferredCopiesTest, ConcurrentReadersWritersAndCompletion) {
+  constexpr int kBlocks = 4;
+  Geometry g(kBs, 1 + kBlocks);
+  MemBlockDevice data(g);
+  DeferredCopies copies(&data, kBs, 64);
+  auto src = Pattern(kBs, 1);
+  ASSERT_TRUE(data.Write(PoolBlock(0), 0, src).ok());
+  // Each writer fills its block sector by sector with a stamp; a sector
+  // reads as the source until its stamp was written, then as the stamp.
+  std::atomic<int> done_writers{0};
+  std::atomic<bool> bad{false};
+  std::vector<std::thread> threads;
+  std::vector<std::atomic<int>> progress(kBlocks);
+  for (int i = 0; i < kBlocks; ++i) {
+    ASSERT_TRUE(copies.Start(PoolBlock(1 + i), PoolBlock(0), 0, std::vector<std::byte>(4096, std::byte(0xA0 + i))).ok());
+    progress[i].store(1);
+  }
+  for (int i = 0; i < kBlocks; ++i) {
+    threads.emplace_back([&, i] {
+      for (int k = 1; k < 16; ++k) {
+        std::vector<std::byte> stamp(4096, std::byte(0xA0 + i));
+        if (!copies.Write(PoolBlock(1 + i), k * 4096, stamp).ok()) bad = true;
+        progress[i].store(k + 1);
+      }
+      done_writers.fetch_add(1);
+    });
+  }
+  threads.emplace_back([&] {
+    std::mt19937 rng(7);
+    while (done_writers.load() < kBlocks) {
+      int i = static_cast<int>(rng() % kBlocks);
+      int written = progress[i].load();  // sectors [0, written) are stamped
+      std::vector<std::byte> buf(kBs);
+      if (!copies.Read(PoolBlock(1 + i), 0, buf).ok()) bad = true;
+      for (int k = 0; k < written; ++k) {
+        if (buf[k * 4096] != std::byte(0xA0 + i)) bad = true;
+      }
+      for (int k = 0; k < 16; ++k) {
+        // Unstamped sectors (at read time) are the source or the stamp.
+        if (buf[k * 4096] != std::byte(0xA0 + i) && buf[k * 4096] != src[k * 4096]) bad = true;
+      }
+    }
+  });
+  threads.emplace_back([&] {
+    while (done_writers.load() < kBlocks) {
+      if (!copies.CompleteAll().ok()) bad = true;
+    }
+  });
+  for (auto& t : threads) t.join();
+  EXPECT_FALSE(bad.load());
+  ASSERT_TRUE(copies.CompleteAll().ok());
+  for (int i = 0; i < kBlocks; ++i) {
+    EXPECT_EQ(ReadRaw(data, PoolBlock(1 + i)), std::vector<std::byte>(kBs, std::byte(0xA0 + i)));
+  }
+}
+
+}  // namespace
+}  // namespace thinfs
