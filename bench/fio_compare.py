@@ -9,7 +9,9 @@ everything down, then times snapshot creation vs origin size
 
 Targets: raw, fuse-passthrough (libfuse's passthrough_ll), qcow2-qsd and
 qcow2-qsd-snap (qemu-storage-daemon FUSE export), btrfs-reflink, thinfs,
-thinfs-snap, raw-loop-ext4, thinfs-loop-ext4 (and opt-in thinfs-alt).
+thinfs-snap, raw-loop-ext4, thinfs-loop-ext4 (and opt-in thinfs-alt and
+thinfs-alt-snap: thinfs and thinfs-snap on a second pool with other mount
+options or another binary, for a lever's before/after).
 Non-COW targets are written once before round 1 (untimed), so their jobs
 overwrite; COW targets (-snap, -reflink) get a new snapshot/copy of a fully
 written origin before every job, so their writes copy on write.
@@ -53,7 +55,7 @@ import time  # noqa: E402
 import fio_report  # noqa: E402
 import snapshot_time  # noqa: E402
 from benchlib import MiB, loadavg, log, parse_size, run, size_label  # noqa: E402
-from fio_targets import ALT, TARGETS, TOOLS, Stack  # noqa: E402
+from fio_targets import ALT, ALT_SNAP, TARGETS, TOOLS, Stack  # noqa: E402
 
 JOBS = [
     # name, rw, bs, numjobs, extra fio args, metric
@@ -156,7 +158,7 @@ def report(args, cmdline, results, fs_type, mach, jobs, targets, stack_targets, 
          f"{args.cache}; thinfs block size {args.block_size}, mount options "
          f"`{args.mount_options or '(defaults)'}`"
          + (f"; {ALT}: mount options `{args.alt_mount_options or '(defaults)'}`, binary "
-            f"`{args.alt_thinfs or args.thinfs}`" if ALT in targets else "")
+            f"`{args.alt_thinfs or args.thinfs}`" if ALT in targets or ALT_SNAP in targets else "")
          + f"; wall time of the fio part {mach['fio_minutes']:.1f} min. Cells: median "
          "(min–max) of the rounds; ratios: median (min–max) of the per-round ratios.",
          "- What the write jobs measure per target: "
@@ -235,14 +237,14 @@ def main():
                    help="cold: fsync + drop every layer's cache between jobs, fio "
                         "invalidate=1; warm: fsync only, invalidate=0")
     p.add_argument("--targets", default=",".join(TARGETS),
-                   help=f"comma-separated, of: {', '.join(TARGETS + [ALT])}")
+                   help=f"comma-separated, of: {', '.join(TARGETS + [ALT, ALT_SNAP])}")
     p.add_argument("--jobs", default=",".join(j[0] for j in JOBS))
     p.add_argument("--compare", action="append", default=[], metavar="A,B",
                    help="also print Student's t of B vs A (repeatable)")
     p.add_argument("--block-size", default="64K")
     p.add_argument("--mount-options", default="", help="thinfs mount -o OPTIONS")
     p.add_argument("--alt-mount-options", default="",
-                   help=f"-o OPTIONS for the {ALT} target (add it to --targets)")
+                   help=f"-o OPTIONS for the {ALT} and {ALT_SNAP} targets (add them to --targets)")
     p.add_argument("--alt-thinfs", default=None,
                    help=f"thinfs binary for the {ALT} target (default: --thinfs)")
     p.add_argument("--snap-sizes", default=None,
@@ -267,18 +269,18 @@ def main():
                        (args.snap_sizes or ("32M,128M" if args.quick else "1G,4G")).split(",")]
     args.snap_reps = args.snap_reps or (3 if args.quick else 5)
     args.targets = [t for t in args.targets.split(",") if t] if not args.no_fio else []
-    bad = [t for t in args.targets if t not in TARGETS + [ALT]]
+    bad = [t for t in args.targets if t not in TARGETS + [ALT, ALT_SNAP]]
     try:
         args.compare = [tuple(c.split(",")) for c in args.compare]
     except ValueError:
         p.error("--compare A,B")
-    bad += [t for c in args.compare for t in c if len(c) != 2 or t not in TARGETS + [ALT]]
+    bad += [t for c in args.compare for t in c if len(c) != 2 or t not in TARGETS + [ALT, ALT_SNAP]]
     jobs = [j for j in JOBS if j[0] in args.jobs.split(",")]
     if (bad or not jobs or (not args.targets and not args.no_fio) or args.rounds < 1
             or len(args.snap_sizes) != 2 or args.snap_reps < 1
             or (args.no_fio and args.no_snapshots)):
         p.error(f"bad --targets/--compare/--jobs/--rounds/--snap-* {bad} "
-                f"(targets: {', '.join(TARGETS + [ALT])})")
+                f"(targets: {', '.join(TARGETS + [ALT, ALT_SNAP])})")
     if args.targets and "raw" not in args.targets:
         p.error("--targets must include raw (every ratio is to raw)")
     args.thinfs = os.path.abspath(args.thinfs)
@@ -312,7 +314,7 @@ def main():
         try:
             log(f"setting up in {stack.work}")
             stack.setup()
-            targets = [t for t in TARGETS + [ALT] if t in stack.targets]
+            targets = [t for t in TARGETS + [ALT, ALT_SNAP] if t in stack.targets]
             stack_targets = stack.targets
             for t in targets:
                 if stack.targets[t].prewrite:

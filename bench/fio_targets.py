@@ -17,6 +17,8 @@ TARGETS = ["raw", "fuse-passthrough", "qcow2-qsd", "qcow2-qsd-snap", "btrfs-refl
 # --alt-mount-options and/or the --alt-thinfs binary, interleaved with the
 # others, so that a lever is measured against `thinfs` in the same run.
 ALT = "thinfs-alt"
+# The same as thinfs-snap on that second pool (a COW lever's A/B target).
+ALT_SNAP = "thinfs-alt-snap"
 
 # Which outside tools each target needs (checked before anything is set up).
 TOOLS = {
@@ -122,8 +124,8 @@ class Stack:
             self._setup_btrfs(size)
         if want & {"thinfs", "thinfs-snap", "thinfs-loop-ext4"}:
             self._setup_thinfs(size, loop_size, want)
-        if ALT in want:
-            self._setup_alt(size)
+        if want & {ALT, ALT_SNAP}:
+            self._setup_alt(size, want)
         if "raw-loop-ext4" in want:
             backing = self.path("raw-loop.img")
             make_file(backing, loop_size)
@@ -243,18 +245,7 @@ class Stack:
                                             semantics="fresh volume, pre-written: "
                                                       "overwrites of provisioned blocks")
         if "thinfs-snap" in want:
-            origin, f = os.path.join(mnt, "origin"), os.path.join(mnt, "snap")
-            make_file(origin, size)
-            fill(origin, size)
-
-            def reset(f=f):  # bound now: `f` is reused below
-                if os.path.exists(f):
-                    run([a.thinfs, "delete", pool, "snap"])
-                run([a.thinfs, "snapshot", pool, "origin", "snap"])
-
-            self.targets["thinfs-snap"] = Target(
-                "thinfs-snap", f, [f, data], prewrite=False, reset=reset,
-                semantics="new snapshot of a fully written volume before every job: COW")
+            self._setup_snap("thinfs-snap", a.thinfs, pool, mnt, size)
         if "thinfs-loop-ext4" in want:
             backing = os.path.join(mnt, "loopvol")
             make_file(backing, loop_size)
@@ -265,15 +256,32 @@ class Stack:
             self.targets["thinfs-loop-ext4"] = Target(
                 "thinfs-loop-ext4", f, [f, backing, data], semantics="overwrites")
 
-    def _setup_alt(self, size):
+    def _setup_snap(self, name, binary, pool, mnt, size):
+        origin, f = os.path.join(mnt, "origin"), os.path.join(mnt, "snap")
+        make_file(origin, size)
+        fill(origin, size)
+
+        def reset():
+            if os.path.exists(f):
+                run([binary, "delete", pool, "snap"])
+            run([binary, "snapshot", pool, "origin", "snap"])
+
+        self.targets[name] = Target(
+            name, f, [f, os.path.join(pool, "data")], prewrite=False, reset=reset,
+            semantics="new snapshot of a fully written volume before every job: COW")
+
+    def _setup_alt(self, size, want):
         a = self.args
+        binary = a.alt_thinfs or a.thinfs
         pool, mnt = self.path("pool-alt"), self.path("mnt-alt")
-        self._start_thinfs(a.alt_thinfs or a.thinfs, pool, mnt, size + 512 * MiB,
-                           a.alt_mount_options)
-        f = os.path.join(mnt, "vol")
-        make_file(f, size)
-        self.targets[ALT] = Target(ALT, f, [f, os.path.join(pool, "data")],
-                                   semantics="as thinfs")
+        self._start_thinfs(binary, pool, mnt, 11 * size + 512 * MiB, a.alt_mount_options)
+        if ALT in want:
+            f = os.path.join(mnt, "vol")
+            make_file(f, size)
+            self.targets[ALT] = Target(ALT, f, [f, os.path.join(pool, "data")],
+                                       semantics="as thinfs")
+        if ALT_SNAP in want:
+            self._setup_snap(ALT_SNAP, binary, pool, mnt, size)
 
     def _stop_thinfs(self, binary, pool, mnt, pid):
         r = run([binary, "umount", mnt], check=False)

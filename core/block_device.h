@@ -63,6 +63,11 @@ class BlockDevice {
   // current count, or the errno status. The default returns kNotSupported.
   virtual Status Grow(uint64_t new_data_blocks);
 
+  // Hints that `count` blocks from `block` will be read soon, so that reads
+  // of many blocks can be in flight at once (posix_fadvise WILLNEED). The
+  // default does nothing.
+  virtual void Prefetch(PoolBlock block, uint64_t count);
+
   // The geometry at open; Grow() extends the addressable blocks beyond
   // geometry().data_blocks() without changing it.
   virtual const Geometry& geometry() const = 0;
@@ -87,6 +92,8 @@ class FileBlockDevice final : public BlockDevice {
   Status Discard(PoolBlock block, uint64_t count) override;
   Status WriteZeroes(PoolBlock block, uint64_t count) override;
   Status Grow(uint64_t new_data_blocks) override;
+  // Starts reading into the page cache; nothing with O_DIRECT.
+  void Prefetch(PoolBlock block, uint64_t count) override;
   const Geometry& geometry() const override { return geometry_; }
 
   // A regular file that Grow() must not extend (one the user gave with

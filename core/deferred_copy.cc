@@ -183,6 +183,15 @@ Status DeferredCopies::CompleteAll() {
   }
   std::sort(owed.begin(), owed.end(),
             [](const auto& a, const auto& b) { return a->source.value < b->source.value; });
+  // Every source read is started before the first is waited for: the disk
+  // sees them all at once, not one at a time. Neighbours merge into one
+  // hint.
+  for (size_t i = 0; i < owed.size();) {
+    size_t j = i + 1;
+    while (j < owed.size() && owed[j]->source.value <= owed[j - 1]->source.value + 1) ++j;
+    data_->Prefetch(owed[i]->source, owed[j - 1]->source.value - owed[i]->source.value + 1);
+    i = j;
+  }
   std::vector<std::byte> scratch;
   for (const std::shared_ptr<Owed>& o : owed) {
     {

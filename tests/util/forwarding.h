@@ -20,6 +20,7 @@ class ForwardingBlockDevice final : public BlockDevice {
   Status Sync() override { return t_->Sync(); }
   Status Discard(PoolBlock b, uint64_t n) override { return t_->Discard(b, n); }
   Status WriteZeroes(PoolBlock b, uint64_t n) override { return t_->WriteZeroes(b, n); }
+  void Prefetch(PoolBlock b, uint64_t n) override { t_->Prefetch(b, n); }
   Status Grow(uint64_t n) override { return t_->Grow(n); }
   const Geometry& geometry() const override { return t_->geometry(); }
 
