@@ -198,6 +198,65 @@ TEST_F(ControlTest, CommandsWhileMountedShowInTheMountAtOnce) {
   EXPECT_EQ(ParseJson(r.output).array.size(), 1u);
 }
 
+// 4 KiB writes into a snapshot through the mount copy on write; by default
+// the copies are left to the commit (deferred_copy), with -o
+// deferred_copy=0 they are made at once. Either way the snapshot reads
+// what was written over its origin's data, before and after a remount,
+// and the origin does not change.
+TEST_F(ControlTest, SnapshotCowWritesReadBackWithCopiesDeferredOrNot) {
+  FormatPool("256M", "64K");
+  for (const std::string options : {"", "deferred_copy=0"}) {
+    SCOPED_TRACE("mount options '" + options + "'");
+    ASSERT_EQ(MountForeground(options), "");
+    ExpectOk(Thinfs({"create", pool_, "o", "--size", "4M"}), "create");
+    const std::vector<char> origin = Pattern(3, 0, 4 << 20);
+    std::vector<char> snap = origin;
+    {
+      int fd = open(Vol("o").c_str(), O_WRONLY);
+      ASSERT_GE(fd, 0) << strerror(errno);
+      ASSERT_EQ(pwrite(fd, origin.data(), origin.size(), 0), static_cast<ssize_t>(origin.size()));
+      close(fd);
+    }
+    ExpectOk(Thinfs({"snapshot", pool_, "o", "s"}), "snapshot");
+    {
+      int fd = open(Vol("s").c_str(), O_WRONLY);
+      ASSERT_GE(fd, 0) << strerror(errno);
+      for (int i = 0; i < 64; ++i) {  // one 4 KiB write into each 64 KiB block
+        const off_t off = i * 65536 + (i % 16) * 4096;
+        const std::vector<char> w = Pattern(100 + i, 0, 4096);
+        ASSERT_EQ(pwrite(fd, w.data(), w.size(), off), 4096);
+        std::memcpy(snap.data() + off, w.data(), w.size());
+      }
+      EXPECT_EQ(fsync(fd), 0) << strerror(errno);  // commits: owed copies are made
+      close(fd);
+    }
+    auto read_all = [&](const std::string& name) {
+      std::vector<char> buf(4 << 20);
+      int fd = open(Vol(name).c_str(), O_RDONLY);
+      EXPECT_GE(fd, 0) << strerror(errno);
+      EXPECT_EQ(pread(fd, buf.data(), buf.size(), 0), static_cast<ssize_t>(buf.size()));
+      close(fd);
+      return buf;
+    };
+    EXPECT_TRUE(read_all("s") == snap);
+    EXPECT_TRUE(read_all("o") == origin);
+    CommandResult r = Thinfs({"status", pool_, "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    JsonValue counters = ParseJson(r.output)["counters"];
+    EXPECT_EQ(counters["cow_copies"].AsUint(), 64u);
+    EXPECT_EQ(counters["deferred_copies"].AsUint(), options.empty() ? 64u : 0u);
+    ASSERT_EQ(Unmount(), "");
+    ASSERT_EQ(MountForeground(options), "");
+    EXPECT_TRUE(read_all("s") == snap) << "after remount";
+    EXPECT_TRUE(read_all("o") == origin);
+    ExpectOk(Thinfs({"delete", pool_, "s"}), "delete s");
+    ExpectOk(Thinfs({"delete", pool_, "o"}), "delete o");
+    ASSERT_EQ(Unmount(), "");
+  }
+  CommandResult check = Thinfs({"check", pool_});
+  EXPECT_EQ(check.exit_code, 0) << check.output;
+}
+
 TEST_F(ControlTest, DeleteOfAnOpenDeviceKeepsItWorkingUntilClose) {
   FormatPool("64M");
   ASSERT_EQ(MountForeground(), "");
