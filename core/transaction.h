@@ -10,10 +10,14 @@
 //      take the space map's pending frees. Changes after the cut go to the
 //      next commit.
 //   1. fdatasync the pool data, so that every block a frozen mapping points
-//      at holds what was written to it.
+//      at holds what was written to it. Skipped when no data write
+//      completed since the last data sync began (Pool's data_dirty).
 //   2. Make the allocation bitmap durable (msync): every block the frozen
 //      mappings use is marked allocated before any mapping to it exists on
 //      disk. The bitmap may over-report after a crash, never under-report.
+//      Skipped by the bitmap when no bit changed since its last sync.
+//   Without data or allocation (a snapshot, create, rename) a commit is
+//   step 3 alone: one WAL write and fdatasync.
 //   3. Write the frozen edits as one RocksDB WriteBatch with sync=true.
 //      This is the commit.
 //   4. Only then release the blocks freed by the frozen edits to the
