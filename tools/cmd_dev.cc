@@ -101,7 +101,8 @@ int RunCreate(const std::vector<std::string>& args) {
 int RunSnapshot(const std::vector<std::string>& args) {
   CommandLine cl("snapshot", "POOL SOURCE NAME [--json]",
                  "Creates NAME, a writable snapshot of device SOURCE, in constant time. The\n"
-                 "two share every block until one of them writes it.\n\n"
+                 "two share every block until one of them writes it. The snapshot is\n"
+                 "durable when the command returns (it commits the pool's metadata).\n\n"
                  "When the pool is mounted, SOURCE is first fsync()ed through the mount,\n"
                  "so the snapshot holds every write any process completed before the\n"
                  "command started (including what the kernel still cached). For a file\n"
