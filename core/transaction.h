@@ -16,12 +16,14 @@
 //      mappings use is marked allocated before any mapping to it exists on
 //      disk. The bitmap may over-report after a crash, never under-report.
 //      Skipped by the bitmap when no bit changed since its last sync.
-//   Without data or allocation (a snapshot, create, rename) a commit is
-//   step 3 alone: one WAL write and fdatasync.
 //   3. Write the frozen edits as one RocksDB WriteBatch with sync=true.
 //      This is the commit.
 //   4. Only then release the blocks freed by the frozen edits to the
 //      allocator, and drop the frozen overlay.
+//
+// Without data writes or allocations since the last commit (a snapshot,
+// create or rename after an fsync) the commit's only I/O is step 3: one WAL
+// write and fdatasync.
 //
 // A crash before 3 loses the frozen edits (and leaks their blocks, which
 // recovery reclaims by rebuilding the bitmap from the block map); a crash
