@@ -189,6 +189,9 @@ def report(args, cmdline, results, fs_type, mach, jobs, targets, stack_targets, 
     if snap is not None:
         times, sizes, reps = snap
         L.append("### Snapshot creation time vs origin size\n")
+        if snapshot_time.ALT in times:
+            L.append(f"thinfs: `{args.thinfs}`; {snapshot_time.ALT}: `{args.alt_thinfs}` "
+                     "(CLI and daemon).\n")
         snap_lines, snap_verdict = snapshot_time.report(times, sizes, reps)
         L += snap_lines
         verdict[5] = snap_verdict
@@ -206,9 +209,11 @@ def prerequisites(args):
     for t in args.targets:
         tools.update(TOOLS.get(t, []))
     if not args.no_snapshots:
-        tools.update(["qemu-img", "qemu-io", "mkfs.btrfs", "btrfs", "cp"])
+        tools.update(snapshot_time.tools_of(snapshot_time.methods_of(args)))
     missing += sorted(t for t in tools if shutil.which(t) is None)
     binaries = [args.thinfs]
+    if args.alt_thinfs:
+        binaries.append(args.alt_thinfs)
     if "fuse-passthrough" in args.targets:
         binaries.append(args.passthrough)
     for b in binaries:
@@ -246,11 +251,16 @@ def main():
     p.add_argument("--alt-mount-options", default="",
                    help=f"-o OPTIONS for the {ALT} and {ALT_SNAP} targets (add them to --targets)")
     p.add_argument("--alt-thinfs", default=None,
-                   help=f"thinfs binary for the {ALT} target (default: --thinfs)")
+                   help=f"thinfs binary for the {ALT} target (default: --thinfs) and, when "
+                        f"given, the {ALT} snapshot method")
     p.add_argument("--snap-sizes", default=None,
                    help="snapshot origins SMALL,LARGE (default 1G,4G; quick 32M,128M)")
     p.add_argument("--snap-reps", type=int, default=None,
                    help="snapshot repetitions (default 5; quick 3)")
+    p.add_argument("--snap-methods", default=None,
+                   help="comma-separated snapshot methods to time (default all: "
+                        f"{', '.join(snapshot_time.METHODS)}; {snapshot_time.ALT} "
+                        "with --alt-thinfs)")
     p.add_argument("--no-snapshots", action="store_true", help="skip the snapshot timing")
     p.add_argument("--no-fio", action="store_true", help="only the snapshot timing")
     p.add_argument("--markdown", help="write the Markdown report here (the chart goes "
@@ -283,7 +293,13 @@ def main():
                 f"(targets: {', '.join(TARGETS + [ALT, ALT_SNAP])})")
     if args.targets and "raw" not in args.targets:
         p.error("--targets must include raw (every ratio is to raw)")
+    try:
+        snapshot_time.methods_of(args)
+    except ValueError as e:
+        p.error(f"--snap-methods: {e}")
     args.thinfs = os.path.abspath(args.thinfs)
+    if args.alt_thinfs:
+        args.alt_thinfs = os.path.abspath(args.alt_thinfs)
     args.passthrough = os.path.abspath(args.passthrough)
     args.chart_png = (os.path.splitext(args.markdown)[0] + ".png"
                       if args.markdown and args.targets else None)

@@ -190,7 +190,9 @@ struct Pool::Impl {
   SharedMutex swap_mu;
   Superblock superblock;  // guarded by commit_mu
   std::atomic<uint64_t> transaction_id{0};
-  std::atomic<bool> data_dirty{false};  // a data write since the last sync
+  // A data write completed since the last data sync began: set after the
+  // write, exchanged by Commit, which skips the data sync when it is clear.
+  std::atomic<bool> data_dirty{false};
   std::atomic<bool> failed{false};      // sticky: commit or I/O failed
   std::string failure;                  // guarded by commit_mu
 
@@ -611,8 +613,11 @@ struct Pool::Impl {
       }
       if (exclusive) {
         if (zeros && whole) return DiscardBlockLocked(vol, b);
+        Status s = copies.Write(own->value.block, off, buf);
+        // Only after the write: Commit syncs the data only when it finds
+        // the flag set, so the flag must never be seen before the write.
         data_dirty.store(true, std::memory_order_relaxed);
-        return copies.Write(own->value.block, off, buf);
+        return s;
       }
     }
     // Without an own version, vol resolves to what its parent shows.
@@ -782,7 +787,9 @@ struct Pool::Impl {
     }
     using Clock = std::chrono::steady_clock;
     const Clock::time_point t0 = Clock::now();
-    Status s = data->Sync();
+    // No data write since the last data sync: nothing to flush (a snapshot,
+    // a rename, a commit after fsync). data_dirty is set after each write.
+    Status s = data_written ? data->Sync() : Status::Ok();
     const Clock::time_point t1 = Clock::now();
     if (s.ok()) s = space->Sync(superblock.transaction_id + 1);
     const Clock::time_point t2 = Clock::now();

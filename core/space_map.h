@@ -46,7 +46,9 @@ class SpaceMap {
   virtual void Release(const std::vector<PoolBlock>& blocks) = 0;
 
   // Makes the allocation state durable (msync of the bitmap, header with the
-  // given generation). Returns kIOError on failure.
+  // given generation). An implementation may skip the bits when none
+  // changed since the last Sync, never the generation. Returns kIOError on
+  // failure.
   virtual Status Sync(uint64_t generation) = 0;
 
   // Marks `block` used without allocating through the search (used by

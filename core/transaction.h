@@ -10,14 +10,21 @@
 //      take the space map's pending frees. Changes after the cut go to the
 //      next commit.
 //   1. fdatasync the pool data, so that every block a frozen mapping points
-//      at holds what was written to it.
+//      at holds what was written to it. Skipped when no data write
+//      completed since the last data sync began (Pool's data_dirty).
 //   2. Make the allocation bitmap durable (msync): every block the frozen
 //      mappings use is marked allocated before any mapping to it exists on
 //      disk. The bitmap may over-report after a crash, never under-report.
+//      When no bit changed since its last sync, only the header (its new
+//      generation) is synced.
 //   3. Write the frozen edits as one RocksDB WriteBatch with sync=true.
 //      This is the commit.
 //   4. Only then release the blocks freed by the frozen edits to the
 //      allocator, and drop the frozen overlay.
+//
+// Without data writes or allocations since the last commit (a snapshot,
+// create or rename after an fsync) the commit's I/O is the bitmap header's
+// msync and step 3: one WAL write and fdatasync.
 //
 // A crash before 3 loses the frozen edits (and leaks their blocks, which
 // recovery reclaims by rebuilding the bitmap from the block map); a crash

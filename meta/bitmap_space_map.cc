@@ -361,7 +361,9 @@ uint64_t BitmapSpaceMap::Word(uint64_t i) const {
 }
 
 void BitmapSpaceMap::SetWord(uint64_t i, uint64_t w) {
-  reinterpret_cast<uint64_t*>(base_ + kBitmapHeaderSize)[i] = Le64(w);
+  uint64_t& word = reinterpret_cast<uint64_t*>(base_ + kBitmapHeaderSize)[i];
+  if (word != Le64(w)) changed_since_sync_ = true;
+  word = Le64(w);
 }
 
 bool BitmapSpaceMap::TestBit(uint64_t block) const {
@@ -468,19 +470,34 @@ Status BitmapSpaceMap::Sync(uint64_t generation) {
   if (read_only_) return Status::ReadOnly("bitmap " + path_ + " is open read-only");
   std::byte* base;
   uint64_t len;
+  bool body_changed;
   {
     MutexLock l(&mu_);
+    // Not a bit changed since the last Sync: the file already holds these
+    // bits, and only the header's generation is new. It is still written:
+    // it is what tells a WAL that lost its tail (CheckBitmapGeneration),
+    // whatever that tail held.
+    body_changed = changed_since_sync_;
+    // Cleared before the msync: a bit changed from here on is either in
+    // this msync or flags the next Sync.
+    changed_since_sync_ = false;
     base = base_;
     len = map_len_;
   }
   // Body before header: the header's generation promises the bits.
-  THINFS_RETURN_IF_ERROR(MsyncRange(base, kBitmapHeaderSize, len - kBitmapHeaderSize));
-  {
+  Status s = body_changed ? MsyncRange(base, kBitmapHeaderSize, len - kBitmapHeaderSize)
+                          : Status::Ok();
+  if (s.ok()) {
     MutexLock l(&mu_);
     generation_ = generation;
     WriteHeader(clean_, nr_blocks_);
   }
-  return MsyncRange(base, 0, kBitmapHeaderSize);
+  if (s.ok()) s = MsyncRange(base, 0, kBitmapHeaderSize);
+  if (!s.ok()) {
+    MutexLock l(&mu_);
+    changed_since_sync_ = true;  // the next Sync must not skip
+  }
+  return s;
 }
 
 void BitmapSpaceMap::MarkUsed(PoolBlock block) {
@@ -500,6 +517,7 @@ void BitmapSpaceMap::ClearAllForRebuild() {
   THINFS_CHECK(!clean_);  // MarkDirty() first
   THINFS_CHECK(in_flight_ == 0);
   std::memset(base_ + kBitmapHeaderSize, 0, nr_words_ * 8);
+  changed_since_sync_ = true;
   std::fill(pending_bits_.begin(), pending_bits_.end(), 0);
   queued_.clear();
   free_blocks_ = nr_blocks_;
@@ -603,6 +621,7 @@ Status BitmapSpaceMap::Grow(uint64_t new_blocks) {
       SetWord(old_words - 1, Word(old_words - 1) & ~tail_mask_);
     }
     std::memset(base_ + kBitmapHeaderSize + old_words * 8, 0, (new_words - old_words) * 8);
+    changed_since_sync_ = true;
     pending_bits_.resize(new_words, 0);
     base = base_;
   }

@@ -78,7 +78,10 @@ class BitmapSpaceMap final : public SpaceMap {
   // released.
   void Release(const std::vector<PoolBlock>& blocks) override;
   // msyncs the body, then writes `generation` into the header and msyncs
-  // it. Returns kReadOnly on a read-only map, kIOError on msync failure.
+  // it. When no bit changed since the last successful Sync (or since Open
+  // or MarkDirty), the file already holds every bit: only the header is
+  // written and synced.
+  // Returns kReadOnly on a read-only map, kIOError on msync failure.
   Status Sync(uint64_t generation) override;
   // Idempotent: a block that is already used stays used.
   void MarkUsed(PoolBlock block) override;
@@ -168,6 +171,9 @@ class BitmapSpaceMap final : public SpaceMap {
   std::vector<PoolBlock> queued_ GUARDED_BY(mu_);
   // Taken by TakePendingFrees(), not yet Release()d.
   uint64_t in_flight_ GUARDED_BY(mu_) = 0;
+  // A bit changed (SetWord) since the last successful Sync began; false
+  // lets Sync skip its msyncs.
+  bool changed_since_sync_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace thinfs::meta

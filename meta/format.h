@@ -42,6 +42,8 @@ namespace thinfs::meta {
 //   24 nr_blocks        Data blocks covered; must equal the superblock's.
 //   32 generation       Metadata commit generation whose allocation state
 //                       was last made durable (Sync) or at clean shutdown.
+//                       Written by every commit (a commit that changed no
+//                       bit syncs this header only).
 //   40 clean            1 after a clean shutdown, 0 while a writer has the
 //                       pool open. Any other value is corrupt.
 //   44 reserved         Zero.

@@ -445,7 +445,8 @@ std::string DataPathOf(const PoolPaths& paths) {
 Status CheckBitmapGeneration(const BitmapSpaceMap& bitmap, const Superblock& sb,
                              const std::string& bitmap_path) {
   const uint64_t g = bitmap.generation(), t = sb.transaction_id;
-  // A commit syncs the bitmap at t + 1 before the metadata reaches t + 1.
+  // A commit syncs the bitmap at t + 1 before the metadata reaches t + 1
+  // (one that changed no bit skips the sync: g may lag, never lead).
   const uint64_t newest = bitmap.was_clean() ? t : t + 1;
   const std::string how = bitmap.was_clean() ? "closed cleanly" : "last synced";
   if (g > newest) {

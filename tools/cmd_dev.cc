@@ -21,6 +21,7 @@
 #include "meta/pool_dir.h"
 #include "tools/cli.h"
 #include "tools/control_client.h"
+#include "tools/mount_lookup.h"
 #include "tools/pool_here.h"
 
 namespace thinfs::tools {
@@ -71,6 +72,19 @@ int Execute(const CommandLine& cl, const std::string& pool, AdminRequest request
   return PrintReply(cl, RunDirect(pool, request, read_only), json);
 }
 
+// open + fsync + close of SOURCE in the mount: 0, or the errno of the
+// step that failed (ENOENT when there is no such file, or SOURCE is not a
+// valid name: nothing to flush).
+int FlushInMount(const std::string& mountpoint, const std::string& source) {
+  if (!Pool::ValidateName(source).ok()) return ENOENT;
+  const std::string file = mountpoint + "/" + source;
+  int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  int err = ::fsync(fd) == 0 ? 0 : errno;
+  ::close(fd);
+  return err;
+}
+
 const char* kSizeHelp =
     "size in bytes; binary suffixes K M G T P (or KiB...), e.g. 10G";
 
@@ -101,7 +115,8 @@ int RunCreate(const std::vector<std::string>& args) {
 int RunSnapshot(const std::vector<std::string>& args) {
   CommandLine cl("snapshot", "POOL SOURCE NAME [--json]",
                  "Creates NAME, a writable snapshot of device SOURCE, in constant time. The\n"
-                 "two share every block until one of them writes it.\n\n"
+                 "two share every block until one of them writes it. The snapshot is\n"
+                 "durable when the command returns (it commits the pool's metadata).\n\n"
                  "When the pool is mounted, SOURCE is first fsync()ed through the mount,\n"
                  "so the snapshot holds every write any process completed before the\n"
                  "command started (including what the kernel still cached). For a file\n"
@@ -124,32 +139,29 @@ int RunSnapshot(const std::vector<std::string>& args) {
   // Mounted: flush what the kernel may still hold for SOURCE (dirty pages of
   // a writeback-cached or mmapped file) through the mount first. This runs
   // here, not in the daemon: an fsync issued by the daemon into its own
-  // mount would re-enter the FUSE server from inside a request.
-  std::optional<Result<AdminReply>> where = CallDaemon(pool, AdminRequest{"mountpoint", {}});
-  if (where) {
+  // mount would re-enter the FUSE server from inside a request. The mount
+  // is looked up in the mount table (no round trip); when that finds none,
+  // or a mount the origin cannot be opened in (a killed daemon's), the
+  // daemon says where it is.
+  std::optional<std::string> mountpoint = ThinfsMountOf(pool);
+  int flush_errno = mountpoint ? FlushInMount(*mountpoint, source) : ENOENT;
+  if (!mountpoint || (flush_errno != 0 && flush_errno != ENOENT)) {
+    std::optional<Result<AdminReply>> where = CallDaemon(pool, AdminRequest{"mountpoint", {}});
+    if (!where) return Execute(cl, pool, std::move(req), json, false);  // not mounted
     if (!where->ok()) return cl.Fail(kExitFailure, where->status().message());
     const AdminReply& r = **where;
     if (r.exit_code != kAdminOk) return PrintReply(cl, r, false);
-    std::string mountpoint = r.text;
-    while (!mountpoint.empty() && mountpoint.back() == '\n') mountpoint.pop_back();
-    // A bad name has no file to flush; the daemon reports it.
-    if (Pool::ValidateName(source).ok()) {
-      const std::string file = mountpoint + "/" + source;
-      int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0 && errno != ENOENT) {
-        return cl.Fail(kExitFailure,
-                       "cannot flush " + file + " before the snapshot: " + std::strerror(errno));
-      }
-      if (fd >= 0) {
-        int rc = ::fsync(fd);
-        int err = errno;
-        ::close(fd);
-        if (rc != 0) {
-          return cl.Fail(kExitFailure, "fsync " + file + " before the snapshot: " +
-                                           std::strerror(err));
-        }
-      }
+    std::string asked = r.text;
+    while (!asked.empty() && asked.back() == '\n') asked.pop_back();
+    if (asked != mountpoint) {
+      mountpoint = asked;
+      flush_errno = FlushInMount(asked, source);
     }
+  }
+  // ENOENT: no such file to flush; the daemon reports a missing source.
+  if (flush_errno != 0 && flush_errno != ENOENT) {
+    return cl.Fail(kExitFailure, "cannot flush " + *mountpoint + "/" + source +
+                                     " before the snapshot: " + std::strerror(flush_errno));
   }
   return Execute(cl, pool, std::move(req), json, false);
 }
