@@ -1,7 +1,8 @@
 // The FUSE callbacks. fs/server.h describes the inode scheme; docs/fuse.md
 // what each operation maps to.
 
-#define FUSE_USE_VERSION 34
+// 3.12: the loop configuration object, which can set max_threads.
+#define FUSE_USE_VERSION 312
 
 #include "fs/server.h"
 
@@ -1029,10 +1030,18 @@ Status Serve(Pool* pool, const ServeConfig& config, std::function<void()> on_rea
   }
   THINFS_LOG_INFO("serving %s on %s", config.fsname.c_str(), config.mountpoint.c_str());
 
-  fuse_loop_config loop{};
-  loop.clone_fd = 1;
-  loop.max_idle_threads = config.max_idle_threads;
-  int rc = fuse_session_loop_mt(se, &loop);
+  fuse_loop_config* loop = fuse_loop_cfg_create();
+  if (loop == nullptr) {
+    fuse_session_unmount(se);
+    fuse_remove_signal_handlers(se);
+    fuse_session_destroy(se);
+    return Status::IOError("cannot create the FUSE loop configuration");
+  }
+  fuse_loop_cfg_set_clone_fd(loop, 1);
+  fuse_loop_cfg_set_idle_threads(loop, config.max_idle_threads);
+  fuse_loop_cfg_set_max_threads(loop, config.max_threads);
+  int rc = fuse_session_loop_mt(se, loop);
+  fuse_loop_cfg_destroy(loop);
 
   {
     MutexLock l(&g_session_mu);
