@@ -371,9 +371,11 @@ void OnInit(void* userdata, fuse_conn_info* conn) noexcept {
   if (server->config().writeback_cache && !(conn->capable & FUSE_CAP_WRITEBACK_CACHE)) {
     THINFS_LOG_WARNING("kernel lacks the writeback cache; mounting without it");
   }
-  THINFS_LOG_INFO("FUSE protocol %u.%u, max_write %u, max_readahead %u, capable 0x%x, want 0x%x",
-                  conn->proto_major, conn->proto_minor, conn->max_write, conn->max_readahead,
-                  conn->capable, conn->want);
+  THINFS_LOG_INFO(
+      "FUSE protocol %u.%u, max_write %u, max_readahead %u, max_background %u, "
+      "up to %u worker threads, capable 0x%x, want 0x%x",
+      conn->proto_major, conn->proto_minor, conn->max_write, conn->max_readahead,
+      conn->max_background, server->config().max_threads, conn->capable, conn->want);
   GuardedNoReply("init", [&] { server->Ready(); });
 }
 

@@ -229,6 +229,23 @@ TEST_F(FuseTest, Ext4OnLoopDeviceAndFstrimGivesSpaceBack) {
 // I/O to the volume file instead of one buffered request at a time). A
 // file system on it must work end to end and check clean after unmount,
 // detach and a daemon restart.
+// -o threads=N reaches libfuse's loop (the daemon logs it at INIT); values
+// outside 1-1024 are refused before anything is mounted.
+TEST_F(FuseTest, ThreadsOptionSetsTheWorkerLimit) {
+  FormatPool("64M");
+  for (const char* bad : {"threads=0", "threads=1025", "threads=x", "threads"}) {
+    CommandResult r = MountDaemon(bad);
+    EXPECT_NE(r.exit_code, 0) << bad;
+    EXPECT_NE(r.output.find("threads"), std::string::npos) << r.output;
+    EXPECT_FALSE(IsThinfsMounted(mnt_)) << bad;
+  }
+  ASSERT_EQ(MountForeground("threads=3"), "");
+  EXPECT_NE(Log().find("up to 3 worker threads"), std::string::npos) << Log();
+  ASSERT_EQ(Unmount(), "");
+  ASSERT_EQ(MountForeground(), "");
+  EXPECT_NE(Log().find("up to 32 worker threads"), std::string::npos) << Log();
+}
+
 TEST_F(FuseTest, Ext4OnDirectIoLoopDeviceChecksClean) {
   RequireLoopDevices();
   FormatPool("512M");

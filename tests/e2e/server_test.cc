@@ -336,6 +336,9 @@ class GateBlockDevice final : public BlockDevice {
 // behind a pool-wide lock. 32 concurrent O_DIRECT reads (Linux AIO, each its
 // own FUSE request) must all reach the data device together.
 TEST_F(ServerTest, ServesManyDirectIoRequestsAtOnce) {
+  constexpr int kReads = 32;
+  // The default thread limit serves a queue depth of 32.
+  ASSERT_GE(ServeConfig{}.max_threads, static_cast<unsigned>(kReads));
   GateBlockDevice* gate = nullptr;
   make_device_ = [&gate](const Geometry& g) {
     auto d = std::make_unique<GateBlockDevice>(g);
@@ -344,7 +347,6 @@ TEST_F(ServerTest, ServesManyDirectIoRequestsAtOnce) {
   };
   Mount();
   ASSERT_NE(gate, nullptr);
-  constexpr int kReads = 32;
   MakeFile("v", kReads * kBlockSize);
   for (int i = 0; i < kReads; ++i) WriteAt("v", i * kBlockSize, Pattern(9, i * kBlockSize, 4096));
 
