@@ -9,7 +9,9 @@ everything down, then times snapshot creation vs origin size
 
 Targets: raw, fuse-passthrough (libfuse's passthrough_ll), qcow2-qsd and
 qcow2-qsd-snap (qemu-storage-daemon FUSE export), btrfs-reflink, thinfs,
-thinfs-snap, raw-loop-ext4, thinfs-loop-ext4 (and opt-in thinfs-alt).
+thinfs-snap, raw-loop-ext4, thinfs-loop-ext4 (loop devices attached with
+--loop-options, default --direct-io=on), and the opt-in thinfs-alt,
+raw-loop-ext4-alt and thinfs-loop-ext4-alt (--alt-loop-options).
 Non-COW targets are written once before round 1 (untimed), so their jobs
 overwrite; COW targets (-snap, -reflink) get a new snapshot/copy of a fully
 written origin before every job, so their writes copy on write.
@@ -53,7 +55,8 @@ import time  # noqa: E402
 import fio_report  # noqa: E402
 import snapshot_time  # noqa: E402
 from benchlib import MiB, loadavg, log, parse_size, run, size_label  # noqa: E402
-from fio_targets import ALT, TARGETS, TOOLS, Stack  # noqa: E402
+from fio_targets import (ALT, LOOP_OPTIONS, OPT_IN, RAW_LOOP_ALT, TARGETS,  # noqa: E402
+                         THINFS_LOOP_ALT, TOOLS, Stack)  # noqa: E402
 
 JOBS = [
     # name, rw, bs, numjobs, extra fio args, metric
@@ -157,6 +160,10 @@ def report(args, cmdline, results, fs_type, mach, jobs, targets, stack_targets, 
          f"`{args.mount_options or '(defaults)'}`"
          + (f"; {ALT}: mount options `{args.alt_mount_options or '(defaults)'}`, binary "
             f"`{args.alt_thinfs or args.thinfs}`" if ALT in targets else "")
+         + (f"; loop devices: `losetup {args.loop_options or '(buffered)'}`"
+            if {"raw-loop-ext4", "thinfs-loop-ext4"} & set(targets) else "")
+         + (f"; -alt loop devices: `losetup {args.alt_loop_options or '(buffered)'}`"
+            if {RAW_LOOP_ALT, THINFS_LOOP_ALT} & set(targets) else "")
          + f"; wall time of the fio part {mach['fio_minutes']:.1f} min. Cells: median "
          "(min–max) of the rounds; ratios: median (min–max) of the per-round ratios.",
          "- What the write jobs measure per target: "
@@ -235,7 +242,7 @@ def main():
                    help="cold: fsync + drop every layer's cache between jobs, fio "
                         "invalidate=1; warm: fsync only, invalidate=0")
     p.add_argument("--targets", default=",".join(TARGETS),
-                   help=f"comma-separated, of: {', '.join(TARGETS + [ALT])}")
+                   help=f"comma-separated, of: {', '.join(TARGETS + OPT_IN)}")
     p.add_argument("--jobs", default=",".join(j[0] for j in JOBS))
     p.add_argument("--compare", action="append", default=[], metavar="A,B",
                    help="also print Student's t of B vs A (repeatable)")
@@ -245,6 +252,13 @@ def main():
                    help=f"-o OPTIONS for the {ALT} target (add it to --targets)")
     p.add_argument("--alt-thinfs", default=None,
                    help=f"thinfs binary for the {ALT} target (default: --thinfs)")
+    p.add_argument("--loop-options", default=LOOP_OPTIONS,
+                   help="losetup options of raw-loop-ext4 and thinfs-loop-ext4 "
+                        f"(default '{LOOP_OPTIONS}')")
+    p.add_argument("--alt-loop-options", default="",
+                   help="losetup options of the opt-in raw-loop-ext4-alt and "
+                        "thinfs-loop-ext4-alt (the latter over a volume of the "
+                        f"{ALT} pool; default '': buffered)")
     p.add_argument("--snap-sizes", default=None,
                    help="snapshot origins SMALL,LARGE (default 1G,4G; quick 32M,128M)")
     p.add_argument("--snap-reps", type=int, default=None,
@@ -267,18 +281,18 @@ def main():
                        (args.snap_sizes or ("32M,128M" if args.quick else "1G,4G")).split(",")]
     args.snap_reps = args.snap_reps or (3 if args.quick else 5)
     args.targets = [t for t in args.targets.split(",") if t] if not args.no_fio else []
-    bad = [t for t in args.targets if t not in TARGETS + [ALT]]
+    bad = [t for t in args.targets if t not in TARGETS + OPT_IN]
     try:
         args.compare = [tuple(c.split(",")) for c in args.compare]
     except ValueError:
         p.error("--compare A,B")
-    bad += [t for c in args.compare for t in c if len(c) != 2 or t not in TARGETS + [ALT]]
+    bad += [t for c in args.compare for t in c if len(c) != 2 or t not in TARGETS + OPT_IN]
     jobs = [j for j in JOBS if j[0] in args.jobs.split(",")]
     if (bad or not jobs or (not args.targets and not args.no_fio) or args.rounds < 1
             or len(args.snap_sizes) != 2 or args.snap_reps < 1
             or (args.no_fio and args.no_snapshots)):
         p.error(f"bad --targets/--compare/--jobs/--rounds/--snap-* {bad} "
-                f"(targets: {', '.join(TARGETS + [ALT])})")
+                f"(targets: {', '.join(TARGETS + OPT_IN)})")
     if args.targets and "raw" not in args.targets:
         p.error("--targets must include raw (every ratio is to raw)")
     args.thinfs = os.path.abspath(args.thinfs)
@@ -312,7 +326,7 @@ def main():
         try:
             log(f"setting up in {stack.work}")
             stack.setup()
-            targets = [t for t in TARGETS + [ALT] if t in stack.targets]
+            targets = [t for t in TARGETS + OPT_IN if t in stack.targets]
             stack_targets = stack.targets
             for t in targets:
                 if stack.targets[t].prewrite:
