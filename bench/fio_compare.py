@@ -9,9 +9,11 @@ everything down, then times snapshot creation vs origin size
 
 Targets: raw, fuse-passthrough (libfuse's passthrough_ll), qcow2-qsd and
 qcow2-qsd-snap (qemu-storage-daemon FUSE export), btrfs-reflink, thinfs,
-thinfs-snap, raw-loop-ext4, thinfs-loop-ext4 (and opt-in thinfs-alt and
-thinfs-alt-snap: thinfs and thinfs-snap on a second pool with other mount
-options or another binary, for a lever's before/after).
+thinfs-snap, raw-loop-ext4, thinfs-loop-ext4 (loop devices attached with
+--loop-options, default --direct-io=on), and the opt-in thinfs-alt,
+thinfs-alt-snap (thinfs and thinfs-snap on a second pool with other mount
+options or another binary, for a lever's before/after), raw-loop-ext4-alt
+and thinfs-loop-ext4-alt (--alt-loop-options).
 Non-COW targets are written once before round 1 (untimed), so their jobs
 overwrite; COW targets (-snap, -reflink) get a new snapshot/copy of a fully
 written origin before every job, so their writes copy on write.
@@ -55,7 +57,8 @@ import time  # noqa: E402
 import fio_report  # noqa: E402
 import snapshot_time  # noqa: E402
 from benchlib import MiB, loadavg, log, parse_size, run, size_label  # noqa: E402
-from fio_targets import ALT, ALT_SNAP, TARGETS, TOOLS, Stack  # noqa: E402
+from fio_targets import (ALT, ALT_SNAP, LOOP_OPTIONS, OPT_IN, RAW_LOOP_ALT,  # noqa: E402
+                         TARGETS, THINFS_LOOP_ALT, TOOLS, Stack)  # noqa: E402
 
 JOBS = [
     # name, rw, bs, numjobs, extra fio args, metric
@@ -159,6 +162,10 @@ def report(args, cmdline, results, fs_type, mach, jobs, targets, stack_targets, 
          f"`{args.mount_options or '(defaults)'}`"
          + (f"; {ALT}: mount options `{args.alt_mount_options or '(defaults)'}`, binary "
             f"`{args.alt_thinfs or args.thinfs}`" if ALT in targets or ALT_SNAP in targets else "")
+         + (f"; loop devices: `losetup {args.loop_options or '(buffered)'}`"
+            if {"raw-loop-ext4", "thinfs-loop-ext4"} & set(targets) else "")
+         + (f"; -alt loop devices: `losetup {args.alt_loop_options or '(buffered)'}`"
+            if {RAW_LOOP_ALT, THINFS_LOOP_ALT} & set(targets) else "")
          + f"; wall time of the fio part {mach['fio_minutes']:.1f} min. Cells: median "
          "(min–max) of the rounds; ratios: median (min–max) of the per-round ratios.",
          "- What the write jobs measure per target: "
@@ -242,7 +249,7 @@ def main():
                    help="cold: fsync + drop every layer's cache between jobs, fio "
                         "invalidate=1; warm: fsync only, invalidate=0")
     p.add_argument("--targets", default=",".join(TARGETS),
-                   help=f"comma-separated, of: {', '.join(TARGETS + [ALT, ALT_SNAP])}")
+                   help=f"comma-separated, of: {', '.join(TARGETS + OPT_IN)}")
     p.add_argument("--jobs", default=",".join(j[0] for j in JOBS))
     p.add_argument("--compare", action="append", default=[], metavar="A,B",
                    help="also print Student's t of B vs A (repeatable)")
@@ -253,6 +260,13 @@ def main():
     p.add_argument("--alt-thinfs", default=None,
                    help=f"thinfs binary for the {ALT} target (default: --thinfs) and, when "
                         f"given, the {ALT} snapshot method")
+    p.add_argument("--loop-options", default=LOOP_OPTIONS,
+                   help="losetup options of raw-loop-ext4 and thinfs-loop-ext4 "
+                        f"(default '{LOOP_OPTIONS}')")
+    p.add_argument("--alt-loop-options", default="",
+                   help="losetup options of the opt-in raw-loop-ext4-alt and "
+                        "thinfs-loop-ext4-alt (the latter over a volume of the "
+                        f"{ALT} pool; default '': buffered)")
     p.add_argument("--snap-sizes", default=None,
                    help="snapshot origins SMALL,LARGE (default 1G,4G; quick 32M,128M)")
     p.add_argument("--snap-reps", type=int, default=None,
@@ -279,18 +293,18 @@ def main():
                        (args.snap_sizes or ("32M,128M" if args.quick else "1G,4G")).split(",")]
     args.snap_reps = args.snap_reps or (3 if args.quick else 5)
     args.targets = [t for t in args.targets.split(",") if t] if not args.no_fio else []
-    bad = [t for t in args.targets if t not in TARGETS + [ALT, ALT_SNAP]]
+    bad = [t for t in args.targets if t not in TARGETS + OPT_IN]
     try:
         args.compare = [tuple(c.split(",")) for c in args.compare]
     except ValueError:
         p.error("--compare A,B")
-    bad += [t for c in args.compare for t in c if len(c) != 2 or t not in TARGETS + [ALT, ALT_SNAP]]
+    bad += [t for c in args.compare for t in c if len(c) != 2 or t not in TARGETS + OPT_IN]
     jobs = [j for j in JOBS if j[0] in args.jobs.split(",")]
     if (bad or not jobs or (not args.targets and not args.no_fio) or args.rounds < 1
             or len(args.snap_sizes) != 2 or args.snap_reps < 1
             or (args.no_fio and args.no_snapshots)):
         p.error(f"bad --targets/--compare/--jobs/--rounds/--snap-* {bad} "
-                f"(targets: {', '.join(TARGETS + [ALT, ALT_SNAP])})")
+                f"(targets: {', '.join(TARGETS + OPT_IN)})")
     if args.targets and "raw" not in args.targets:
         p.error("--targets must include raw (every ratio is to raw)")
     try:
@@ -330,7 +344,7 @@ def main():
         try:
             log(f"setting up in {stack.work}")
             stack.setup()
-            targets = [t for t in TARGETS + [ALT, ALT_SNAP] if t in stack.targets]
+            targets = [t for t in TARGETS + OPT_IN if t in stack.targets]
             stack_targets = stack.targets
             for t in targets:
                 if stack.targets[t].prewrite:

@@ -15,7 +15,8 @@ T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
 PAIRS = [("fuse-passthrough", "thinfs"), ("qcow2-qsd", "thinfs"),
          ("btrfs-reflink", "thinfs-snap"), ("qcow2-qsd-snap", "thinfs-snap"),
          ("raw-loop-ext4", "thinfs-loop-ext4"), ("thinfs", "thinfs-alt"),
-         ("thinfs-snap", "thinfs-alt-snap")]
+         ("thinfs-snap", "thinfs-alt-snap"),
+         ("raw-loop-ext4-alt", "thinfs-loop-ext4-alt")]
 
 # Issue 5's reference: peers' IOPS ratio to raw "on a machine like ours".
 PEER_REFERENCE = {

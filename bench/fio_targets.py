@@ -19,6 +19,16 @@ TARGETS = ["raw", "fuse-passthrough", "qcow2-qsd", "qcow2-qsd-snap", "btrfs-refl
 ALT = "thinfs-alt"
 # The same as thinfs-snap on that second pool (a COW lever's A/B target).
 ALT_SNAP = "thinfs-alt-snap"
+# Opt-in A/B of the loop attachment: ext4 on loop devices attached with
+# --alt-loop-options, over a plain file and over a volume of the thinfs-alt
+# pool (so --alt-thinfs/--alt-mount-options apply to it too).
+RAW_LOOP_ALT, THINFS_LOOP_ALT = "raw-loop-ext4-alt", "thinfs-loop-ext4-alt"
+OPT_IN = [ALT, ALT_SNAP, RAW_LOOP_ALT, THINFS_LOOP_ALT]
+# How raw-loop-ext4 and thinfs-loop-ext4 attach their loop devices
+# (--loop-options): with direct I/O, as README recommends over a volume
+# (docs/benchmarks.md, "Levers tried" 8). --alt-loop-options '' gives the
+# buffered attachment the suite used before, for the -alt targets.
+LOOP_OPTIONS = "--direct-io=on"
 
 # Which outside tools each target needs (checked before anything is set up).
 TOOLS = {
@@ -27,6 +37,8 @@ TOOLS = {
     "btrfs-reflink": ["mkfs.btrfs", "cp"],
     "raw-loop-ext4": ["mkfs.ext4"],
     "thinfs-loop-ext4": ["mkfs.ext4"],
+    RAW_LOOP_ALT: ["mkfs.ext4"],
+    THINFS_LOOP_ALT: ["mkfs.ext4"],
 }
 
 
@@ -84,8 +96,8 @@ class Stack:
     def path(self, *parts):
         return os.path.join(self.work, *parts)
 
-    def loop(self, backing):
-        dev = run(["losetup", "--find", "--show", backing]).stdout.strip()
+    def loop(self, backing, options=""):
+        dev = run(["losetup", "--find", "--show"] + options.split() + [backing]).stdout.strip()
         self.undo.append((f"losetup -d {dev}", lambda: run(["losetup", "-d", dev])))
         return dev
 
@@ -94,8 +106,8 @@ class Stack:
         run(["mount", "-t", fstype, dev, mnt])
         self.undo.append((f"umount {mnt}", lambda: umount(mnt)))
 
-    def _mount_ext4_on_loop(self, backing, mnt):
-        dev = self.loop(backing)
+    def _mount_ext4_on_loop(self, backing, mnt, options):
+        dev = self.loop(backing, options)
         run(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0",
              dev])
         self.mount(dev, mnt, "ext4")
@@ -124,17 +136,14 @@ class Stack:
             self._setup_btrfs(size)
         if want & {"thinfs", "thinfs-snap", "thinfs-loop-ext4"}:
             self._setup_thinfs(size, loop_size, want)
-        if want & {ALT, ALT_SNAP}:
-            self._setup_alt(size, want)
-        if "raw-loop-ext4" in want:
-            backing = self.path("raw-loop.img")
-            make_file(backing, loop_size)
-            m = self.path("raw-loop-mnt")
-            self._mount_ext4_on_loop(backing, m)
-            f = os.path.join(m, "fio.dat")
-            make_file(f, size)
-            self.targets["raw-loop-ext4"] = Target("raw-loop-ext4", f, [f, backing],
-                                                   semantics="overwrites")
+        if want & {ALT, ALT_SNAP, THINFS_LOOP_ALT}:
+            self._setup_alt(size, loop_size, want)
+        for name, options in (("raw-loop-ext4", a.loop_options),
+                              (RAW_LOOP_ALT, a.alt_loop_options)):
+            if name in want:
+                backing = self.path(f"{name}.img")
+                make_file(backing, loop_size)
+                self._ext4_on_loop_target(name, backing, [backing], options)
         for t in self.targets.values():
             if t.reset:
                 t.reset()
@@ -249,12 +258,8 @@ class Stack:
         if "thinfs-loop-ext4" in want:
             backing = os.path.join(mnt, "loopvol")
             make_file(backing, loop_size)
-            m = self.path("thinfs-loop-mnt")
-            self._mount_ext4_on_loop(backing, m)
-            f = os.path.join(m, "fio.dat")
-            make_file(f, size)
-            self.targets["thinfs-loop-ext4"] = Target(
-                "thinfs-loop-ext4", f, [f, backing, data], semantics="overwrites")
+            self._ext4_on_loop_target("thinfs-loop-ext4", backing, [backing, data],
+                                      a.loop_options)
 
     def _setup_snap(self, name, binary, pool, mnt, size):
         origin, f = os.path.join(mnt, "origin"), os.path.join(mnt, "snap")
@@ -270,18 +275,34 @@ class Stack:
             name, f, [f, os.path.join(pool, "data")], prewrite=False, reset=reset,
             semantics="new snapshot of a fully written volume before every job: COW")
 
-    def _setup_alt(self, size, want):
+    def _ext4_on_loop_target(self, name, backing, below, options):
+        """ext4 on a loop device (losetup `options`) over `backing`, fio on a
+        file inside; `below`: the files under the loop device, top first."""
+        m = self.path(f"{name}-mnt")
+        self._mount_ext4_on_loop(backing, m, options)
+        f = os.path.join(m, "fio.dat")
+        make_file(f, self.args.size)
+        self.targets[name] = Target(name, f, [f] + below, semantics="overwrites")
+
+    def _setup_alt(self, size, loop_size, want):
         a = self.args
         binary = a.alt_thinfs or a.thinfs
         pool, mnt = self.path("pool-alt"), self.path("mnt-alt")
-        self._start_thinfs(binary, pool, mnt, 11 * size + 512 * MiB, a.alt_mount_options)
+        data = os.path.join(pool, "data")
+        # Sparse: room for a snapshot's copies as in _setup_thinfs.
+        self._start_thinfs(binary, pool, mnt, 11 * size + loop_size + 512 * MiB,
+                           a.alt_mount_options)
         if ALT in want:
             f = os.path.join(mnt, "vol")
             make_file(f, size)
-            self.targets[ALT] = Target(ALT, f, [f, os.path.join(pool, "data")],
-                                       semantics="as thinfs")
+            self.targets[ALT] = Target(ALT, f, [f, data], semantics="as thinfs")
         if ALT_SNAP in want:
             self._setup_snap(ALT_SNAP, binary, pool, mnt, size)
+        if THINFS_LOOP_ALT in want:
+            backing = os.path.join(mnt, "loopvol")
+            make_file(backing, loop_size)
+            self._ext4_on_loop_target(THINFS_LOOP_ALT, backing, [backing, data],
+                                      a.alt_loop_options)
 
     def _stop_thinfs(self, binary, pool, mnt, pid):
         r = run([binary, "umount", mnt], check=False)

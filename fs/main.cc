@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
@@ -174,6 +175,8 @@ int OpenAndServe(const MountOptions& options, const std::string& pool_root,
   config.read_only = options.read_only;
   config.allow_other = options.allow_other;
   config.writeback_cache = options.writeback_cache;
+  config.max_threads = options.threads;
+  config.max_idle_threads = std::min(config.max_idle_threads, options.threads);
   config.root_uid = root_st.st_uid;
   config.root_gid = root_st.st_gid;
   config.root_mtime_ns = int64_t{root_st.st_mtim.tv_sec} * 1'000'000'000 + root_st.st_mtim.tv_nsec;

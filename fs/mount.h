@@ -42,6 +42,8 @@ struct MountOptions {
   bool zero_detection = true;
   bool direct_io = false;  // O_DIRECT on the data file
   bool writeback_cache = false;
+  // FUSE worker threads at most: how many requests are served at once.
+  unsigned threads = 32;
   std::string log_level = "info";
   // Low-water mark: an absolute size in bytes, or a percentage of the data
   // area at mount time (at most one is non-zero; both zero: off).
@@ -66,6 +68,7 @@ struct MountOptions {
 //   zero_detect=on|off          whole-block zero writes unmap (default on)
 //   direct_io=on|off            O_DIRECT on the pool's data file (default off)
 //   writeback_cache=on|off      kernel writeback cache (default off)
+//   threads=N                   FUSE worker threads at most, 1-1024 (default 32)
 //   log_level=error|warning|info|debug
 //   low_water=SIZE|N%           warn (log, status) when free space falls below
 //                               SIZE bytes or N% (1-99) of the data area

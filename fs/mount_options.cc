@@ -143,6 +143,14 @@ Result<MountOptions> ParseMountOptions(const std::string& pool, const std::strin
     } else if (key == "writeback_cache") {
       THINFS_RETURN_IF_ERROR(require_value());
       THINFS_ASSIGN_OR_RETURN(opts.writeback_cache, ParseBool(key, value));
+    } else if (key == "threads") {
+      THINFS_RETURN_IF_ERROR(require_value());
+      uint64_t n = 0;
+      std::string rest;
+      if (!ParseLeadingNumber(value, &n, &rest) || !rest.empty() || n < 1 || n > 1024) {
+        return Status::InvalidArgument("option threads: expected 1-1024, got '" + value + "'");
+      }
+      opts.threads = static_cast<unsigned>(n);
     } else if (key == "low_water") {
       THINFS_RETURN_IF_ERROR(require_value());
       opts.low_water_bytes = 0;

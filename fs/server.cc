@@ -1,7 +1,8 @@
 // The FUSE callbacks. fs/server.h describes the inode scheme; docs/fuse.md
 // what each operation maps to.
 
-#define FUSE_USE_VERSION 34
+// 3.12: the loop configuration object, which can set max_threads.
+#define FUSE_USE_VERSION 312
 
 #include "fs/server.h"
 
@@ -370,9 +371,11 @@ void OnInit(void* userdata, fuse_conn_info* conn) noexcept {
   if (server->config().writeback_cache && !(conn->capable & FUSE_CAP_WRITEBACK_CACHE)) {
     THINFS_LOG_WARNING("kernel lacks the writeback cache; mounting without it");
   }
-  THINFS_LOG_INFO("FUSE protocol %u.%u, max_write %u, max_readahead %u, capable 0x%x, want 0x%x",
-                  conn->proto_major, conn->proto_minor, conn->max_write, conn->max_readahead,
-                  conn->capable, conn->want);
+  THINFS_LOG_INFO(
+      "FUSE protocol %u.%u, max_write %u, max_readahead %u, max_background %u, "
+      "up to %u worker threads, capable 0x%x, want 0x%x",
+      conn->proto_major, conn->proto_minor, conn->max_write, conn->max_readahead,
+      conn->max_background, server->config().max_threads, conn->capable, conn->want);
   GuardedNoReply("init", [&] { server->Ready(); });
 }
 
@@ -1029,10 +1032,18 @@ Status Serve(Pool* pool, const ServeConfig& config, std::function<void()> on_rea
   }
   THINFS_LOG_INFO("serving %s on %s", config.fsname.c_str(), config.mountpoint.c_str());
 
-  fuse_loop_config loop{};
-  loop.clone_fd = 1;
-  loop.max_idle_threads = config.max_idle_threads;
-  int rc = fuse_session_loop_mt(se, &loop);
+  fuse_loop_config* loop = fuse_loop_cfg_create();
+  if (loop == nullptr) {
+    fuse_session_unmount(se);
+    fuse_remove_signal_handlers(se);
+    fuse_session_destroy(se);
+    return Status::IOError("cannot create the FUSE loop configuration");
+  }
+  fuse_loop_cfg_set_clone_fd(loop, 1);
+  fuse_loop_cfg_set_idle_threads(loop, config.max_idle_threads);
+  fuse_loop_cfg_set_max_threads(loop, config.max_threads);
+  int rc = fuse_session_loop_mt(se, loop);
+  fuse_loop_cfg_destroy(loop);
 
   {
     MutexLock l(&g_session_mu);

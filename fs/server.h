@@ -48,6 +48,13 @@ struct ServeConfig {
   int64_t root_ctime_ns = 0;
   // Worker threads kept idle by libfuse's loop.
   unsigned max_idle_threads = 16;
+  // Worker threads at most (libfuse starts them as requests wait; mount
+  // option threads=N). Each serves one request at a time, so this bounds
+  // the requests served at once: libfuse's default of 10 capped a loop
+  // device with direct I/O, which keeps up to max_background (64)
+  // asynchronous requests queued. 32 serves a queue depth of 32; 64 was
+  // slower on 4-job random read/write (docs/benchmarks.md, lever 8).
+  unsigned max_threads = 32;
   // Where to count requests; nullptr: the server keeps its own counts.
   RequestCounts* counts = nullptr;
 };

@@ -37,6 +37,7 @@ int RunMount(const std::vector<std::string>& args) {
        "  zero_detect=on|off     whole-block zero writes unmap (default on)\n"
        "  direct_io=on|off       O_DIRECT on the pool's data file (default off)\n"
        "  writeback_cache=on|off kernel writeback cache (default off)\n"
+       "  threads=N              FUSE worker threads at most (1-1024, default 32)\n"
        "  log_level=error|warning|info|debug\n"
        "  low_water=SIZE|N%      warn once (log, status) when free space falls\n"
        "                         below SIZE or N% of the pool (default off)\n"

@@ -224,5 +224,75 @@ TEST_F(FuseTest, Ext4OnLoopDeviceAndFstrimGivesSpaceBack) {
       << "before " << with_file << " after " << after;
 }
 
+// The attachment README recommends for a block device over a volume:
+// losetup --direct-io=on (the loop driver then submits asynchronous direct
+// I/O to the volume file instead of one buffered request at a time). A
+// file system on it must work end to end and check clean after unmount,
+// detach and a daemon restart.
+// -o threads=N reaches libfuse's loop (the daemon logs it at INIT); values
+// outside 1-1024 are refused before anything is mounted.
+TEST_F(FuseTest, ThreadsOptionSetsTheWorkerLimit) {
+  FormatPool("64M");
+  for (const char* bad : {"threads=0", "threads=1025", "threads=x", "threads"}) {
+    CommandResult r = MountDaemon(bad);
+    EXPECT_NE(r.exit_code, 0) << bad;
+    EXPECT_NE(r.output.find("threads"), std::string::npos) << r.output;
+    EXPECT_FALSE(IsThinfsMounted(mnt_)) << bad;
+  }
+  ASSERT_EQ(MountForeground("threads=3"), "");
+  EXPECT_NE(Log().find("up to 3 worker threads"), std::string::npos) << Log();
+  ASSERT_EQ(Unmount(), "");
+  ASSERT_EQ(MountForeground(), "");
+  EXPECT_NE(Log().find("up to 32 worker threads"), std::string::npos) << Log();
+}
+
+TEST_F(FuseTest, Ext4OnDirectIoLoopDeviceChecksClean) {
+  RequireLoopDevices();
+  FormatPool("512M");
+  ASSERT_EQ(MountForeground(), "");
+  Truncate("disk", "256M");
+  std::string loop = AttachLoop(Vol("disk"), /*direct_io=*/true);
+  ASSERT_FALSE(loop.empty());
+  // losetup only warns when the kernel refuses direct I/O on the backing
+  // file (e.g. an O_DIRECT open failing): check that it took.
+  std::string sys = "/sys/block/" + loop.substr(loop.rfind('/') + 1) + "/loop/dio";
+  CommandResult dio = RunCommand("cat " + ShellQuote(sys));
+  ASSERT_EQ(dio.exit_code, 0) << dio.output;
+  EXPECT_EQ(dio.output, "1\n") << "the loop device fell back to buffered I/O";
+  CommandResult mkfs = RunCommand("mkfs.ext4 -q -F " + ShellQuote(loop));
+  ASSERT_EQ(mkfs.exit_code, 0) << mkfs.output;
+  std::string inner = dir_ + "/ext4";
+  ASSERT_EQ(mkdir(inner.c_str(), 0755), 0);
+  CommandResult mount = RunCommand("mount " + ShellQuote(loop) + " " + ShellQuote(inner));
+  ASSERT_EQ(mount.exit_code, 0) << mount.output;
+  // Sequential and scattered writes, then their checksum.
+  std::string file = ShellQuote(inner + "/f");
+  CommandResult fill = RunCommand(
+      "head -c 48M /dev/urandom > " + file + " && " +
+      "dd if=/dev/urandom of=" + file + " bs=4k count=64 seek=999 conv=notrunc 2>/dev/null && " +
+      "dd if=/dev/urandom of=" + file + " bs=4k count=8 seek=7 conv=notrunc 2>/dev/null && " +
+      "sync && sha256sum < " + file);
+  ASSERT_EQ(fill.exit_code, 0) << fill.output;
+  ASSERT_EQ(RunCommand("umount " + ShellQuote(inner)).exit_code, 0);
+  CommandResult fsck = RunCommand("e2fsck -fn " + ShellQuote(loop) + " 2>&1");
+  EXPECT_EQ(fsck.exit_code, 0) << fsck.output;
+  ASSERT_EQ(DetachLoop(loop), "");
+
+  // Through a daemon restart: the volume holds what the loop device wrote.
+  ASSERT_EQ(Unmount(), "");
+  CommandResult check = Thinfs({"check", pool_});
+  EXPECT_EQ(check.exit_code, 0) << check.output;
+  ASSERT_EQ(MountForeground(), "");
+  loop = AttachLoop(Vol("disk"), /*direct_io=*/true);
+  ASSERT_FALSE(loop.empty());
+  fsck = RunCommand("e2fsck -fn " + ShellQuote(loop) + " 2>&1");
+  EXPECT_EQ(fsck.exit_code, 0) << fsck.output;
+  ASSERT_EQ(RunCommand("mount -o ro " + ShellQuote(loop) + " " + ShellQuote(inner)).exit_code, 0);
+  CommandResult sum = RunCommand("sha256sum < " + file);
+  EXPECT_EQ(sum.output, fill.output);
+  ASSERT_EQ(RunCommand("umount " + ShellQuote(inner)).exit_code, 0);
+  ASSERT_EQ(DetachLoop(loop), "");
+}
+
 }  // namespace
 }  // namespace thinfs::testing

@@ -4,15 +4,19 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/aio_abi.h>
 #include <linux/falloc.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -94,8 +98,10 @@ class ServerTest : public ::testing::Test {
     sb.data_blocks = blocks;
     PoolOptions options;
     options.commit_interval = std::chrono::milliseconds(0);
+    std::unique_ptr<BlockDevice> device =
+        make_device_ ? make_device_(g) : std::make_unique<MemBlockDevice>(g);
     Result<std::unique_ptr<Pool>> pool =
-        Pool::Open(std::make_unique<MemBlockDevice>(g), std::make_unique<MemSpaceMap>(blocks),
+        Pool::Open(std::move(device), std::make_unique<MemSpaceMap>(blocks),
                    std::make_unique<MemMetadataStore>(sb), options);
     ASSERT_TRUE(pool.ok()) << pool.status().ToString();
     pool_ = std::move(*pool);
@@ -165,6 +171,8 @@ class ServerTest : public ::testing::Test {
   }
 
   std::string dir_, mnt_;
+  // Builds the pool's data device (default: a MemBlockDevice).
+  std::function<std::unique_ptr<BlockDevice>(const Geometry&)> make_device_;
   std::unique_ptr<Pool> pool_;
   std::thread serve_thread_;
   Status serve_status_;
@@ -271,6 +279,115 @@ TEST_F(ServerTest, DirectIoOpenWorks) {
   }
   // A buffered reader sees what the direct writer wrote.
   EXPECT_EQ(ReadAt("v", 4096, size), want);
+}
+
+// A MemBlockDevice whose reads, once armed, wait at a gate until `want`
+// reads are inside at once (then all pass) or a deadline passes; it records
+// the most reads it saw inside together.
+class GateBlockDevice final : public BlockDevice {
+ public:
+  explicit GateBlockDevice(const Geometry& g) : mem_(g) {}
+
+  void Arm(int want, std::chrono::seconds deadline) {
+    std::lock_guard<std::mutex> l(mu_);
+    want_ = want;
+    deadline_ = std::chrono::steady_clock::now() + deadline;
+    open_ = false;
+  }
+  int max_inside() {
+    std::lock_guard<std::mutex> l(mu_);
+    return max_inside_;
+  }
+
+  Status Read(PoolBlock block, uint64_t offset, std::span<std::byte> buf) override {
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      ++inside_;
+      max_inside_ = std::max(max_inside_, inside_);
+      if (inside_ >= want_) open_ = true;
+      cv_.notify_all();
+      cv_.wait_until(l, deadline_, [this] { return open_; });
+      open_ = true;  // past the deadline: let everyone through
+      --inside_;
+    }
+    return mem_.Read(block, offset, buf);
+  }
+  Status Write(PoolBlock block, uint64_t offset, std::span<const std::byte> buf) override {
+    return mem_.Write(block, offset, buf);
+  }
+  Status Sync() override { return mem_.Sync(); }
+  Status Discard(PoolBlock block, uint64_t count) override { return mem_.Discard(block, count); }
+  const Geometry& geometry() const override { return mem_.geometry(); }
+
+ private:
+  MemBlockDevice mem_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int inside_ = 0;
+  int max_inside_ = 0;
+  int want_ = 0;  // 0: not armed, every read passes
+  bool open_ = true;
+  std::chrono::steady_clock::time_point deadline_;
+};
+
+// A loop device with direct I/O (losetup --direct-io=on) keeps many
+// asynchronous requests in flight; the daemon must serve them at once, not
+// ten at a time (libfuse's default max_threads), and not one at a time
+// behind a pool-wide lock. 32 concurrent O_DIRECT reads (Linux AIO, each its
+// own FUSE request) must all reach the data device together.
+TEST_F(ServerTest, ServesManyDirectIoRequestsAtOnce) {
+  constexpr int kReads = 32;
+  // The default thread limit serves a queue depth of 32.
+  ASSERT_GE(ServeConfig{}.max_threads, static_cast<unsigned>(kReads));
+  GateBlockDevice* gate = nullptr;
+  make_device_ = [&gate](const Geometry& g) {
+    auto d = std::make_unique<GateBlockDevice>(g);
+    gate = d.get();
+    return d;
+  };
+  Mount();
+  ASSERT_NE(gate, nullptr);
+  MakeFile("v", kReads * kBlockSize);
+  for (int i = 0; i < kReads; ++i) WriteAt("v", i * kBlockSize, Pattern(9, i * kBlockSize, 4096));
+
+  Fd fd(open(Path("v").c_str(), O_RDONLY | O_DIRECT));
+  ASSERT_GE(fd.get(), 0) << strerror(errno);
+  aio_context_t ctx = 0;
+  ASSERT_EQ(syscall(SYS_io_setup, kReads, &ctx), 0) << strerror(errno);
+  std::unique_ptr<aio_context_t, void (*)(aio_context_t*)> ctx_guard(
+      &ctx, [](aio_context_t* c) { syscall(SYS_io_destroy, *c); });
+  void* raw = nullptr;
+  ASSERT_EQ(posix_memalign(&raw, 4096, kReads * 4096), 0);
+  std::unique_ptr<void, decltype(&free)> bufs(raw, &free);
+  std::vector<iocb> cbs(kReads);
+  std::vector<iocb*> ptrs(kReads);
+  for (int i = 0; i < kReads; ++i) {
+    cbs[i] = iocb{};
+    cbs[i].aio_fildes = static_cast<uint32_t>(fd.get());
+    cbs[i].aio_lio_opcode = IOCB_CMD_PREAD;
+    cbs[i].aio_buf = reinterpret_cast<uint64_t>(static_cast<char*>(bufs.get()) + i * 4096);
+    cbs[i].aio_nbytes = 4096;
+    cbs[i].aio_offset = static_cast<int64_t>(i * kBlockSize);
+    ptrs[i] = &cbs[i];
+  }
+  // Generous: the gate opens as soon as all are in; the deadline only
+  // bounds a failing run.
+  gate->Arm(kReads, std::chrono::seconds(10));
+  ASSERT_EQ(syscall(SYS_io_submit, ctx, kReads, ptrs.data()), kReads) << strerror(errno);
+  std::vector<io_event> events(kReads);
+  int done = 0;
+  while (done < kReads) {
+    long n = syscall(SYS_io_getevents, ctx, 1, kReads - done, events.data() + done, nullptr);
+    ASSERT_GT(n, 0) << strerror(errno);
+    done += static_cast<int>(n);
+  }
+  for (const io_event& e : events) EXPECT_EQ(e.res, 4096);
+  for (int i = 0; i < kReads; ++i) {
+    std::vector<char> got(static_cast<char*>(bufs.get()) + i * 4096,
+                          static_cast<char*>(bufs.get()) + (i + 1) * 4096);
+    EXPECT_EQ(got, Pattern(9, i * kBlockSize, 4096)) << "read " << i;
+  }
+  EXPECT_EQ(gate->max_inside(), kReads) << "direct-I/O reads served at once";
 }
 
 TEST_F(ServerTest, SeekDataAndHoleFollowTheBlockMap) {

@@ -377,6 +377,13 @@ std::string E2eTest::AttachLoop(const std::string& file, bool direct_io) {
   return dev;
 }
 
+std::string E2eTest::DetachLoop(const std::string& dev) {
+  CommandResult r = RunCommand("losetup -d " + ShellQuote(dev), std::chrono::seconds(30));
+  if (r.exit_code != 0) return "losetup -d " + dev + ": " + r.output;
+  std::erase(loops_, dev);
+  return "";
+}
+
 CommandResult E2eTest::Thinfs(const std::vector<std::string>& args, std::chrono::seconds timeout) {
   std::string cmd = ShellQuote(ThinfsBinary());
   for (const std::string& a : args) cmd += " " + ShellQuote(a);

@@ -90,6 +90,9 @@ class E2eTest : public ::testing::Test {
 
   // losetup over `file`; the device is detached in TearDown.
   std::string AttachLoop(const std::string& file, bool direct_io);
+  // losetup -d of a device AttachLoop gave (then TearDown leaves it alone);
+  // returns "" on success, else losetup's output.
+  std::string DetachLoop(const std::string& dev);
 
   // `thinfs ARGS...` (each argument quoted), stdout and stderr together.
   CommandResult Thinfs(const std::vector<std::string>& args,
