@@ -31,9 +31,11 @@ set(CPACK_DEBIAN_PACKAGE_RELEASE 1)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION "admin")
 set(CPACK_DEBIAN_PACKAGE_PRIORITY "optional")
-# dpkg-shlibdeps adds the shared libraries (libfuse3-3, librocksdb, Boost
-# program_options, libxxhash, libexpat1, libstdc++, libc); fuse3 is for fusermount3,
-# which `thinfs umount` and non-root mounts run, and /etc/fuse.conf.
+# dpkg-shlibdeps adds the shared libraries the binary needs (libc6 alone
+# with THINFS_STATIC_DEPS, the default; otherwise libfuse3-3, Boost
+# program_options, libxxhash, libexpat1, libstdc++ and RocksDB's compression
+# libraries too); fuse3 is for fusermount3, which `thinfs umount` and
+# non-root mounts run, and /etc/fuse.conf.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_DEPENDS "fuse3")
 set(CPACK_DEBIAN_PACKAGE_SUGGESTS "bash-completion, e2fsprogs, thin-provisioning-tools")
