@@ -277,6 +277,8 @@ got=$(complete_words thinfs format /tmp --bl)
 [[ $got == "--block-size " ]] || fail "'thinfs format /tmp --bl<TAB>' gave '$got'"
 got=$(complete_words thinfs mount "$POOL" "$MNT" -o ro,commit)
 [[ $got == "ro,commit_interval= " ]] || fail "'-o ro,commit<TAB>' gave '$got'"
+got=$(complete_words thinfs mount "$POOL" "$MNT" -o ro,def)
+[[ $got == "ro,deferred_copy= " ]] || fail "'-o ro,def<TAB>' gave '$got'"
 got=$(complete_words thinfs check "$POOL" --re)
 [[ $got == *--repair* && $got == *--read-only* ]] || fail "'check --re<TAB>' gave '$got'"
 got=$(complete_words thinfs status "$T/p")
