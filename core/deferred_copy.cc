@@ -43,7 +43,7 @@ uint64_t DeferredCopies::SectorEnd(uint64_t k) const {
 
 std::shared_ptr<DeferredCopies::Owed> DeferredCopies::Find(PoolBlock block) const {
   if (count_.load(std::memory_order_acquire) == 0) return nullptr;
-  Shard& s = const_cast<DeferredCopies*>(this)->ShardOf(block);
+  Shard& s = ShardOf(block);
   MutexLock l(&s.mu);
   auto it = s.owed.find(block.value);
   return it == s.owed.end() ? nullptr : it->second;

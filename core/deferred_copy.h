@@ -102,7 +102,9 @@ class DeferredCopies {
   };
   static constexpr size_t kShards = 16;
 
-  Shard& ShardOf(PoolBlock b) { return shards_[(b.value * 0x9E3779B97F4A7C15ULL >> 60) % kShards]; }
+  Shard& ShardOf(PoolBlock b) const {
+    return shards_[(b.value * 0x9E3779B97F4A7C15ULL >> 60) % kShards];
+  }
   std::shared_ptr<Owed> Find(PoolBlock block) const;
   // Removes `o` from the table (if still there).
   void Erase(const Owed& o);

@@ -6,14 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/fault_injection_block_device.h"
-#include "core/mem_metadata.h"
-#include "core/mem_space_map.h"
 #include "core/pool.h"
 #include "tests/util/engine_fixture.h"
 
@@ -23,71 +20,16 @@ namespace {
 constexpr uint64_t kBs = 4096;
 constexpr uint64_t kBlocks = 64;
 
-// Forwards to a FaultInjectionBlockDevice; runs `before_write`, once, at the
-// start of the next Write, before the write reaches the device.
-class HookedBlockDevice final : public BlockDevice {
- public:
-  explicit HookedBlockDevice(FaultInjectionBlockDevice* t) : t_(t) {}
-  Status Read(PoolBlock b, uint64_t o, std::span<std::byte> buf) override {
-    return t_->Read(b, o, buf);
-  }
-  Status Write(PoolBlock b, uint64_t o, std::span<const std::byte> buf) override {
-    if (before_write) {
-      std::function<void()> hook = std::move(before_write);
-      before_write = nullptr;
-      hook();
-    }
-    return t_->Write(b, o, buf);
-  }
-  Status Sync() override { return t_->Sync(); }
-  Status Discard(PoolBlock b, uint64_t n) override { return t_->Discard(b, n); }
-  Status WriteZeroes(PoolBlock b, uint64_t n) override { return t_->WriteZeroes(b, n); }
-  Status Grow(uint64_t n) override { return t_->Grow(n); }
-  const Geometry& geometry() const override { return t_->geometry(); }
-
-  std::function<void()> before_write;
-
- private:
-  FaultInjectionBlockDevice* const t_;
-};
-
-// A pool over in-memory parts that survive a simulated power cut.
+// A pool over in-memory parts that survive a simulated power cut
+// (testing::EngineFixture: no periodic commit, no background GC).
 class CommitSyncTest : public ::testing::Test {
  protected:
-  CommitSyncTest() : geometry_(kBs, kBlocks) {
-    Superblock sb;
-    sb.block_size = kBs;
-    sb.data_blocks = kBlocks;
-    data_ = std::make_unique<FaultInjectionBlockDevice>(geometry_, /*seed=*/7);
-    space_ = std::make_unique<MemSpaceMap>(kBlocks);
-    store_ = std::make_unique<MemMetadataStore>(sb);
-    store_->SetDurableOnlyOnSync(true);
-  }
-  ~CommitSyncTest() override {
-    if (pool_) pool_->AbandonForTesting();
-  }
-
-  void Open() {
-    auto dev = std::make_unique<HookedBlockDevice>(data_.get());
-    hooked_ = dev.get();
-    PoolOptions o;
-    o.commit_interval = std::chrono::milliseconds(0);
-    o.background_gc = false;
-    auto p = Pool::Open(std::move(dev), std::make_unique<testing::ForwardingSpaceMap>(space_.get()),
-                        std::make_unique<testing::ForwardingMetadataStore>(store_.get()), o);
-    ASSERT_TRUE(p.ok()) << p.status().ToString();
-    pool_ = std::move(*p);
-  }
+  testing::EngineFixture f{kBs, kBlocks};
+  std::unique_ptr<Pool>& pool_ = f.pool;
+  std::unique_ptr<FaultInjectionBlockDevice>& data_ = f.data;
 
   // Power loss: what no sync made durable is gone.
-  void PowerCut() {
-    pool_->AbandonForTesting();
-    pool_.reset();
-    data_->DropUnsyncedWrites();
-    space_->DropUnsynced();
-    store_->DropUnsyncedCommits();
-    Open();
-  }
+  void PowerCut() { f.Crash(); }
 
   std::vector<std::byte> Read(const std::string& name, uint64_t off, size_t n) {
     std::shared_ptr<Volume> v = testing::OpenOrFail(*pool_, name);
@@ -97,17 +39,9 @@ class CommitSyncTest : public ::testing::Test {
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     return buf;
   }
-
-  Geometry geometry_;
-  std::unique_ptr<FaultInjectionBlockDevice> data_;
-  std::unique_ptr<MemSpaceMap> space_;
-  std::unique_ptr<MemMetadataStore> store_;
-  std::unique_ptr<Pool> pool_;
-  HookedBlockDevice* hooked_ = nullptr;
 };
 
 TEST_F(CommitSyncTest, SnapshotWithoutANewWriteSkipsTheDataSync) {
-  ASSERT_NO_FATAL_FAILURE(Open());
   ASSERT_TRUE(pool_->CreateDevice("v", 16 * kBs).ok());
   std::shared_ptr<Volume> v = testing::OpenOrFail(*pool_, "v");
   ASSERT_NE(v, nullptr);
@@ -124,7 +58,6 @@ TEST_F(CommitSyncTest, SnapshotWithoutANewWriteSkipsTheDataSync) {
 }
 
 TEST_F(CommitSyncTest, SnapshotAfterUnflushedWritesMakesThemDurable) {
-  ASSERT_NO_FATAL_FAILURE(Open());
   ASSERT_TRUE(pool_->CreateDevice("v", 16 * kBs).ok());
   std::shared_ptr<Volume> v = testing::OpenOrFail(*pool_, "v");
   ASSERT_NE(v, nullptr);
@@ -148,7 +81,6 @@ TEST_F(CommitSyncTest, SnapshotAfterUnflushedWritesMakesThemDurable) {
 }
 
 TEST_F(CommitSyncTest, ProvisionedZeroesAreSyncedByTheNextCommit) {
-  ASSERT_NO_FATAL_FAILURE(Open());
   ASSERT_TRUE(pool_->CreateDevice("v", 16 * kBs).ok());
   std::shared_ptr<Volume> v = testing::OpenOrFail(*pool_, "v");
   ASSERT_NE(v, nullptr);
@@ -165,7 +97,6 @@ TEST_F(CommitSyncTest, ProvisionedZeroesAreSyncedByTheNextCommit) {
 // data_dirty set before the write, the racing commit would consume it and
 // the Flush would skip the sync.
 TEST_F(CommitSyncTest, InPlaceOverwriteRacingACommitIsDurableAfterTheNextFlush) {
-  ASSERT_NO_FATAL_FAILURE(Open());
   ASSERT_TRUE(pool_->CreateDevice("v", 16 * kBs).ok());
   std::shared_ptr<Volume> v = testing::OpenOrFail(*pool_, "v");
   ASSERT_NE(v, nullptr);
@@ -173,7 +104,7 @@ TEST_F(CommitSyncTest, InPlaceOverwriteRacingACommitIsDurableAfterTheNextFlush) 
   ASSERT_OK(v->Flush());
   ASSERT_TRUE(pool_->CreateDevice("other", kBs).ok());
   bool ran = false;
-  hooked_->before_write = [&] {
+  f.data_forwarder->before_write = [&] {
     // Renaming commits metadata: a commit in the middle of the write.
     Status s = pool_->RenameDevice("other", "other2");
     EXPECT_TRUE(s.ok()) << s.ToString();

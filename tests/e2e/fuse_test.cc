@@ -224,11 +224,6 @@ TEST_F(FuseTest, Ext4OnLoopDeviceAndFstrimGivesSpaceBack) {
       << "before " << with_file << " after " << after;
 }
 
-// The attachment README recommends for a block device over a volume:
-// losetup --direct-io=on (the loop driver then submits asynchronous direct
-// I/O to the volume file instead of one buffered request at a time). A
-// file system on it must work end to end and check clean after unmount,
-// detach and a daemon restart.
 // -o threads=N reaches libfuse's loop (the daemon logs it at INIT); values
 // outside 1-1024 are refused before anything is mounted.
 TEST_F(FuseTest, ThreadsOptionSetsTheWorkerLimit) {
@@ -246,6 +241,11 @@ TEST_F(FuseTest, ThreadsOptionSetsTheWorkerLimit) {
   EXPECT_NE(Log().find("up to 32 worker threads"), std::string::npos) << Log();
 }
 
+// The attachment README recommends for a block device over a volume:
+// losetup --direct-io=on (the loop driver then submits asynchronous direct
+// I/O to the volume file instead of one buffered request at a time). A
+// file system on it must work end to end and check clean after unmount,
+// detach and a daemon restart.
 TEST_F(FuseTest, Ext4OnDirectIoLoopDeviceChecksClean) {
   RequireLoopDevices();
   FormatPool("512M");

@@ -89,7 +89,9 @@ struct EngineFixture {
 
   void Open() {
     counting = std::make_unique<CountingStore>(store.get());
-    auto p = Pool::Open(std::make_unique<ForwardingBlockDevice>(data.get()),
+    auto forwarder = std::make_unique<ForwardingBlockDevice>(data.get());
+    data_forwarder = forwarder.get();
+    auto p = Pool::Open(std::move(forwarder),
                         std::make_unique<ForwardingSpaceMap>(space.get()),
                         std::make_unique<ForwardingMetadataStore>(counting.get()), options);
     ASSERT_TRUE(p.ok()) << p.status().ToString();
@@ -201,6 +203,8 @@ struct EngineFixture {
   std::unique_ptr<MemMetadataStore> store;
   std::unique_ptr<CountingStore> counting;
   std::unique_ptr<Pool> pool;
+  // The pool's data device (owned by the pool; replaced by every Open).
+  ForwardingBlockDevice* data_forwarder = nullptr;
 };
 
 // Opens device `name`, failing the test (and returning nullptr) if it

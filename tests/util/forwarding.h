@@ -4,6 +4,8 @@
 #ifndef THINFS_TESTS_UTIL_FORWARDING_H_
 #define THINFS_TESTS_UTIL_FORWARDING_H_
 
+#include <functional>
+
 #include "core/block_device.h"
 #include "core/metadata.h"
 #include "core/space_map.h"
@@ -15,6 +17,11 @@ class ForwardingBlockDevice final : public BlockDevice {
   explicit ForwardingBlockDevice(BlockDevice* t) : t_(t) {}
   Status Read(PoolBlock b, uint64_t o, std::span<std::byte> buf) override { return t_->Read(b, o, buf); }
   Status Write(PoolBlock b, uint64_t o, std::span<const std::byte> buf) override {
+    if (before_write) {
+      std::function<void()> hook = std::move(before_write);
+      before_write = nullptr;
+      hook();
+    }
     return t_->Write(b, o, buf);
   }
   Status Sync() override { return t_->Sync(); }
@@ -23,6 +30,11 @@ class ForwardingBlockDevice final : public BlockDevice {
   void Prefetch(PoolBlock b, uint64_t n) override { t_->Prefetch(b, n); }
   Status Grow(uint64_t n) override { return t_->Grow(n); }
   const Geometry& geometry() const override { return t_->geometry(); }
+
+  // Run once, at the start of the next Write, before it reaches the target
+  // (a test's way to act in the middle of an engine write). Set it only
+  // while no write is running.
+  std::function<void()> before_write;
 
  private:
   BlockDevice* const t_;
