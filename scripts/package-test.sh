@@ -88,10 +88,12 @@ needed=$(objdump -p "$x/usr/bin/thinfs" | awk '$1 == "NEEDED" {print $2}')
 rm -rf "$x"
 [[ -n $needed ]] || fail "objdump found no NEEDED entry in the packaged thinfs"
 for lib in $needed; do
-  path=$(ldconfig -p | awk -v l="$lib" '$1 == l && /x86-64/ {print $NF; exit}')
+  # Each reader consumes its whole input: one that stops early (awk's exit,
+  # head) makes the writer die of SIGPIPE, and pipefail turns that into 141.
+  path=$(ldconfig -p | awk -v l="$lib" '$1 == l && /x86-64/ && !p {p = $NF} END {print p}')
   [[ -n $path ]] || fail "$lib, needed by thinfs, is not installed here"
-  pkg=$(dpkg -S "$(readlink -f "$path")" 2>/dev/null | head -1 | cut -d: -f1) ||
-    pkg=$(dpkg -S "$path" | head -1 | cut -d: -f1)
+  pkg=$(dpkg -S "$(readlink -f "$path")" 2>/dev/null | awk -F: 'NR == 1 {print $1}') ||
+    pkg=$(dpkg -S "$path" | awk -F: 'NR == 1 {print $1}')
   [[ -n $pkg && $depends == *"$pkg"* ]] ||
     fail "thinfs needs $lib (package ${pkg:-unknown}) but Depends lacks it: $depends"
 done
@@ -249,7 +251,8 @@ manpath=$(man -w thinfs)
 [[ $manpath == /usr/share/man/man8/thinfs.8.gz ]] || fail "man -w thinfs: $manpath"
 # mount.thinfs(8) is a ".so" link: man -w follows it to thinfs.8.gz.
 [[ -f /usr/share/man/man8/mount.thinfs.8.gz ]] || fail "mount.thinfs.8.gz missing"
-MANPAGER=cat man mount.thinfs 2>/dev/null | grep -q '^MOUNT HELPER' || fail "man mount.thinfs"
+rendered_link=$(MANPAGER=cat man mount.thinfs 2>/dev/null)
+grep -q '^MOUNT HELPER' <<<"$rendered_link" || fail "man mount.thinfs"
 rendered=$(MANPAGER=cat MANWIDTH=80 man thinfs 2>"$T/manerr")
 for section in SYNOPSIS COMMANDS 'MOUNT OPTIONS' 'EXIT STATUS' FILES EXAMPLES; do
   grep -q "^$section" <<<"$rendered" || fail "the man page lacks $section"
@@ -305,8 +308,7 @@ if command -v systemd-analyze >/dev/null; then
   if systemd-analyze verify --man=no "$T/units/"thinfs@*.service >"$T/verify" 2>&1; then
     pass "systemd-analyze verify $(basename "$T"/units/thinfs@*.service): no complaints"
   elif [[ ! -d /run/systemd/system ]] &&
-       ! grep -v -E 'Failed to .*(bus|manager|connect)|System has not been booted with systemd|Operation not permitted' "$T/verify" |
-         grep -q .; then
+       [[ -z $(grep -v -E 'Failed to .*(bus|manager|connect)|System has not been booted with systemd|Operation not permitted' "$T/verify") ]]; then
     echo "note: systemd is not running here (PID 1 is $(ps -p 1 -o comm=)); verify could not load units:"
     sed 's/^/  /' "$T/verify"
   else
