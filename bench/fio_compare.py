@@ -185,8 +185,9 @@ def report(args, cmdline, results, fs_type, mach, jobs, targets, stack_targets, 
         L.append("### Peers' ratio to raw: this run vs the issue's reference\n")
         L += ref
         L.append("")
-    pairs = [(x, y) for x, y in fio_report.PAIRS + args.compare
-             if x in targets and y in targets]
+    # dict.fromkeys: a --compare pair the report already makes is listed once.
+    pairs = list(dict.fromkeys((x, y) for x, y in fio_report.PAIRS + args.compare
+                               if x in targets and y in targets))
     if pairs:
         L.append("### Student's t at 95% confidence, as `ministat` computes it\n")
         L.append("x = first, y = second; difference of the means with the pooled "
