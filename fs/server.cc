@@ -181,6 +181,7 @@ class Server {
     entry.count++;
     if (entry.volume.expired()) entry.volume = handle->volume;
     handle->device_dirty = entry.dirty;
+    live_files_.insert(handle.get());
     return handle.release();
   }
 
@@ -206,6 +207,7 @@ class Server {
         open_.erase(it);
         delete_now = detached_.erase(id) > 0;
       }
+      live_files_.erase(handle);
     }
     delete handle;
     if (delete_now) {
@@ -215,6 +217,35 @@ class Server {
                          static_cast<unsigned long long>(id.value), s.ToString().c_str());
       }
     }
+  }
+
+  // An open root directory, owned here until ReleaseDir.
+  DirHandle* NewDir(std::vector<DeviceInfo> devices) {
+    auto dir = std::make_unique<DirHandle>();
+    dir->devices = std::move(devices);
+    MutexLock l(&mu_);
+    return live_dirs_.emplace(dir.get(), std::move(dir)).first->first;
+  }
+  void ReleaseDir(DirHandle* dir) {
+    MutexLock l(&mu_);
+    live_dirs_.erase(dir);
+  }
+
+  // After the session ended: closes what the kernel never released (a
+  // SIGTERM or an unmount can come before the RELEASE of a file still
+  // open), as its release would have, deleting unlinked devices at their
+  // last close. REQUIRES: no request is being served any more.
+  void CloseLeftoverHandles() {
+    std::vector<FileHandle*> files;
+    {
+      MutexLock l(&mu_);
+      files.assign(live_files_.begin(), live_files_.end());
+      live_dirs_.clear();
+    }
+    if (!files.empty()) {
+      THINFS_LOG_INFO("closing %zu file handle(s) the kernel did not release", files.size());
+    }
+    for (FileHandle* f : files) CloseHandle(f);
   }
 
   std::shared_ptr<Volume> AnyOpenVolume(VolumeId id) {
@@ -293,6 +324,9 @@ class Server {
   std::unordered_set<VolumeId> detached_ GUARDED_BY(mu_);
   // Devices whose data changed behind the kernel's page cache.
   std::unordered_set<VolumeId> stale_ GUARDED_BY(mu_);
+  // Handles given to the kernel and not released yet (CloseLeftoverHandles).
+  std::unordered_set<FileHandle*> live_files_ GUARDED_BY(mu_);
+  std::unordered_map<DirHandle*, std::unique_ptr<DirHandle>> live_dirs_ GUARDED_BY(mu_);
 };
 
 Server* ServerOf(fuse_req_t req) { return static_cast<Server*>(fuse_req_userdata(req)); }
@@ -706,10 +740,10 @@ void OnOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) noexcept {
       fuse_reply_err(req, ENOTDIR);
       return;
     }
-    auto dir = std::make_unique<DirHandle>();
-    dir->devices = ServerOf(req)->pool()->ListDevices();
-    fi->fh = reinterpret_cast<uint64_t>(dir.get());
-    if (fuse_reply_open(req, fi) == 0) dir.release();
+    Server* server = ServerOf(req);
+    DirHandle* dir = server->NewDir(server->pool()->ListDevices());
+    fi->fh = reinterpret_cast<uint64_t>(dir);
+    if (fuse_reply_open(req, fi) != 0) server->ReleaseDir(dir);
   });
 }
 
@@ -753,7 +787,7 @@ void OnReaddirplus(fuse_req_t req, fuse_ino_t, size_t size, off_t off,
 }
 
 void OnReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) noexcept {
-  delete DirOf(fi);
+  ServerOf(req)->ReleaseDir(DirOf(fi));
   fuse_reply_err(req, 0);
 }
 
@@ -1053,6 +1087,7 @@ Status Serve(Pool* pool, const ServeConfig& config, std::function<void()> on_rea
   fuse_session_unmount(se);
   fuse_remove_signal_handlers(se);
   fuse_session_destroy(se);
+  server.CloseLeftoverHandles();
   RequestCounts& n = server.counts();
   THINFS_LOG_INFO("served %llu reads, %llu writes, %llu getattrs, %llu xattr requests",
                   static_cast<unsigned long long>(n.read.load()),
