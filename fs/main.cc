@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/mountinfo.h"
 #include "core/pool.h"
 #include "fs/control.h"
 #include "fs/daemon.h"
@@ -170,7 +171,7 @@ int OpenAndServe(const MountOptions& options, const std::string& pool_root,
     return 1;
   }
   ServeConfig config;
-  config.fsname = "thinfs:" + pool_root;
+  config.fsname = ThinfsMountSource(pool_root);
   config.mountpoint = mountpoint;
   config.read_only = options.read_only;
   config.allow_other = options.allow_other;

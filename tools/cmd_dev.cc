@@ -17,11 +17,11 @@
 #include <vector>
 
 #include "core/admin.h"
+#include "core/mountinfo.h"
 #include "core/pool.h"
 #include "meta/pool_dir.h"
 #include "tools/cli.h"
 #include "tools/control_client.h"
-#include "tools/mount_lookup.h"
 #include "tools/pool_here.h"
 
 namespace thinfs::tools {

@@ -16,6 +16,8 @@
 #include <sstream>
 #include <thread>
 
+#include "core/mountinfo.h"
+
 namespace thinfs::testing {
 namespace {
 
@@ -143,31 +145,19 @@ std::vector<pid_t> FindMountDaemons(const std::string& pool) {
 
 std::vector<std::string> MountpointsUnder(const std::string& prefix) {
   std::vector<std::string> out;
-  std::ifstream in("/proc/self/mountinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream fields(line);
-    std::string id, parent, dev, root, mountpoint;
-    fields >> id >> parent >> dev >> root >> mountpoint;
-    if (mountpoint.compare(0, prefix.size(), prefix) == 0) out.push_back(mountpoint);
+  Result<std::vector<MountInfoEntry>> mounts = ReadMountInfo();
+  if (!mounts.ok()) return out;
+  for (const MountInfoEntry& m : *mounts) {
+    if (m.mountpoint.starts_with(prefix)) out.push_back(m.mountpoint);
   }
   return out;
 }
 
 bool IsThinfsMounted(const std::string& path) {
-  std::ifstream in("/proc/self/mountinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    // "id parent maj:min root mountpoint options ... - fstype source ..."
-    std::istringstream fields(line);
-    std::string id, parent, dev, root, mountpoint;
-    fields >> id >> parent >> dev >> root >> mountpoint;
-    size_t dash = line.find(" - ");
-    if (dash == std::string::npos) continue;
-    std::istringstream tail(line.substr(dash + 3));
-    std::string fstype;
-    tail >> fstype;
-    if (mountpoint == path && fstype == "fuse.thinfs") return true;
+  Result<std::vector<MountInfoEntry>> mounts = ReadMountInfo();
+  if (!mounts.ok()) return false;
+  for (const MountInfoEntry& m : *mounts) {
+    if (m.mountpoint == path && m.fstype == kThinfsFsType) return true;
   }
   return false;
 }

@@ -44,10 +44,12 @@ std::string LoopUnavailableReason();
 // PIDs of processes whose command line is `thinfs mount POOL ...`.
 std::vector<pid_t> FindMountDaemons(const std::string& pool);
 
-// Mountpoints that start with `prefix` (from /proc/self/mountinfo).
+// Mountpoints that start with `prefix`, from /proc/self/mountinfo with its
+// escapes decoded (core/mountinfo.h): a path with spaces is found as it is.
 std::vector<std::string> MountpointsUnder(const std::string& prefix);
 
-// Whether `path` is the mountpoint of a fuse.thinfs file system.
+// Whether `path` (as it is, not escaped) is the mountpoint of a fuse.thinfs
+// file system.
 bool IsThinfsMounted(const std::string& path);
 
 // The path of the thinfs binary under test: the one registered by
