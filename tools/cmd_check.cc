@@ -341,8 +341,11 @@ int RunCheck(const std::vector<std::string>& args) {
     } else {
       verdict = "clean";
     }
-    std::cout << paths.root << ": " << c.devices << " devices, " << c.mappings << " mappings, "
-              << c.referenced_blocks << " referenced blocks, " << c.refcount_entries
+    std::cout << paths.root << ": " << c.devices << " devices, " << c.mappings << " mappings"
+              << (c.undecodable_mappings == 0
+                      ? ""
+                      : " (and " + std::to_string(c.undecodable_mappings) + " undecodable)")
+              << ", " << c.referenced_blocks << " referenced blocks, " << c.refcount_entries
               << " refcount entries: " << verdict << std::endl;
   }
   if (!clean) return kCheckErrorsLeft;

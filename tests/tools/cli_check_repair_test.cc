@@ -207,6 +207,8 @@ TEST_F(CheckRepairTest, UndecodableMapRecordsAreReportedAndRepairedAsHoles) {
   EXPECT_TRUE(Has(r.out, "warning: 2 blocks are allocated in the space map but named by no "
                          "version (leaked, reclaimable): 3 40 (2 undecodable"))
       << r.out;
+  EXPECT_TRUE(Has(r.out, ": 1 devices, 1 mappings (and 2 undecodable), 1 referenced blocks"))
+      << r.out;
   EXPECT_TRUE(Has(r.out, "3 errors left uncorrected")) << r.out;
 
   r = Thinfs({"check", pool_, "--json"});
