@@ -21,6 +21,7 @@
 #define THINFS_CORE_METADATA_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -134,10 +135,15 @@ struct MetaBatch {
   std::vector<MappingKey> delete_mappings;
   // count >= 2 puts, count <= 1 deletes the entry.
   std::vector<std::pair<PoolBlock, uint32_t>> refcounts;
+  // Block-map records to delete by their stored key, as
+  // DamagedMapRecord::raw_key gave it (check --repair: records whose key
+  // does not decode). A store that cannot hold such records ignores them.
+  std::vector<std::string> delete_raw_map_keys;
 
   bool empty() const {
     return !superblock && put_devices.empty() && delete_devices.empty() &&
-           put_mappings.empty() && delete_mappings.empty() && refcounts.empty();
+           put_mappings.empty() && delete_mappings.empty() && refcounts.empty() &&
+           delete_raw_map_keys.empty();
   }
 };
 
@@ -152,6 +158,17 @@ class MapIterator {
   virtual void Seek(VolumeId device, VolumeBlock vblock) = 0;
   // OK unless the iteration hit an error (kIOError/kCorruption).
   virtual Status status() const = 0;
+};
+
+// A block-map record that cannot be decoded, as
+// MetadataStore::NewMapIteratorSkippingDamaged reports it.
+struct DamagedMapRecord {
+  std::string raw_key;       // the key as stored
+  bool key_decoded = false;  // the key is well formed: device, vblock and
+  VolumeId device;           // epoch are valid (only the value is damaged)
+  VolumeBlock vblock;
+  Epoch epoch = 0;
+  Status why;                // kCorruption naming the record
 };
 
 class MetadataStore {
@@ -182,6 +199,20 @@ class MetadataStore {
   // Iterator over the committed block map, positioned before the first
   // entry; call Seek() first.
   virtual std::unique_ptr<MapIterator> NewMapIterator() = 0;
+
+  // For `thinfs check` only (the engine must stop at damage): like
+  // NewMapIterator, but a record whose key or value cannot be decoded does
+  // not end the iteration. Each is passed to `on_damaged` (during Seek or
+  // Next) and skipped. Seek(VolumeId(0), VolumeBlock(0)) starts before
+  // every record, malformed keys included. Failures below the records
+  // (kIOError, or kCorruption the store's own checksums report) still end
+  // the iteration through status(): nothing past them can be trusted.
+  // The default suits stores that cannot hold undecodable records.
+  virtual std::unique_ptr<MapIterator> NewMapIteratorSkippingDamaged(
+      std::function<void(const DamagedMapRecord&)> on_damaged) {
+    (void)on_damaged;
+    return NewMapIterator();
+  }
 
   // Applies `batch` atomically; with `sync`, durably (fsync of the log).
   // Returns kIOError; after a failure the store may refuse further commits.

@@ -21,8 +21,8 @@ namespace {
 //   device-ancestry-cycle, device-bad-name, device-duplicate-name,
 //   device-flags-inconsistent (warning), hidden-device-without-children
 //   (warning), device-deleting (warning),
-//   block-map-unreadable, mapping-without-device, mapping-future-epoch,
-//   mapping-outside-data-area, block-not-allocated,
+//   block-map-unreadable, mapping-undecodable, mapping-without-device,
+//   mapping-future-epoch, mapping-outside-data-area, block-not-allocated,
 //   refcount-table-unreadable, refcount-outside-data-area, refcount-stale,
 //   refcount-wrong, block-double-mapped, shared-version-not-flagged,
 //   leaked-blocks (warning), space-map-unclean (warning).
@@ -39,9 +39,20 @@ constexpr size_t kMaxLeaksNamed = 16;
 
 std::string Str(uint64_t v) { return std::to_string(v); }
 
-std::string Where(const MapEntry& e) {
-  return "device " + Str(e.device.value) + " vblock " + Str(e.vblock.value) + " epoch " +
-         Str(e.epoch);
+std::string Where(VolumeId device, VolumeBlock vblock, Epoch epoch) {
+  return "device " + Str(device.value) + " vblock " + Str(vblock.value) + " epoch " + Str(epoch);
+}
+
+std::string Where(const MapEntry& e) { return Where(e.device, e.vblock, e.epoch); }
+
+std::string HexBytes(const std::string& bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string s;
+  for (char c : bytes) {
+    s += digits[static_cast<uint8_t>(c) >> 4];
+    s += digits[static_cast<uint8_t>(c) & 15];
+  }
+  return s;
 }
 
 CheckFinding AtEntry(Severity sev, const char* kind, const MapEntry& e, std::string message) {
@@ -311,9 +322,52 @@ class Checker {
     return Fate::kKeep;
   }
 
+  // A record the store cannot decode: its block is unknown, so nothing it
+  // named is counted. Repair makes that true: a well-formed key gets a
+  // tombstone (the block reads zeros at that version, as thin_repair loses
+  // an unreadable mapping; an older version must not show through), a
+  // malformed key, which no device can address, is deleted.
+  void Undecodable(const DamagedMapRecord& d) {
+    ++r_->undecodable_mappings;
+    if (repair_) mappings_changed_ = true;
+    if (!d.key_decoded) {
+      CheckFinding f = Plain(Severity::kError, "mapping-undecodable",
+                             "block map: record with key " + HexBytes(d.raw_key) +
+                                 " cannot be decoded: " + d.why.ToString());
+      f.repair = Fix("deleted the block-map record with the malformed key " +
+                     HexBytes(d.raw_key));
+      if (!f.repair.empty()) fix_.delete_raw_map_keys.push_back(d.raw_key);
+      Add(std::move(f));
+      return;
+    }
+    const MapEntry hole{d.device, d.vblock, d.epoch, MapValue{PoolBlock(), MapValue::kTombstone}};
+    CheckFinding f = AtEntry(Severity::kError, "mapping-undecodable", hole,
+                             "block map: " + Where(hole) + " cannot be decoded: " +
+                                 d.why.ToString());
+    if (Classify(hole, /*report=*/false) == Fate::kDrop) {
+      // No one could read it anyway (missing device, future epoch).
+      f.repair = Fix("dropped the undecodable version " + Where(hole) +
+                     ", which no device can read");
+      if (!f.repair.empty()) fix_.delete_mappings.push_back({d.device, d.vblock, d.epoch});
+    } else {
+      f.repair = Fix("replaced the undecodable version " + Where(hole) +
+                     " by a tombstone: the block reads zeros there (its data is lost)");
+      if (!f.repair.empty()) fix_.put_mappings.push_back(hole);
+    }
+    Add(std::move(f));
+  }
+
+  // Blocks and counts may be off because undecodable records were skipped.
+  std::string SkippedNote() const {
+    if (r_->undecodable_mappings == 0) return "";
+    return " (" + Str(r_->undecodable_mappings) +
+           " undecodable block-map records were skipped and may name blocks too)";
+  }
+
   Status ScanMap() {
     std::map<uint64_t, uint64_t> deleting_versions;
-    std::unique_ptr<MapIterator> it = store_->NewMapIterator();
+    std::unique_ptr<MapIterator> it = store_->NewMapIteratorSkippingDamaged(
+        [this](const DamagedMapRecord& d) { Undecodable(d); });
     uint64_t n = 0;
     for (it->Seek(VolumeId(0), VolumeBlock(0)); it->Valid(); it->Next()) {
       const MapEntry& e = it->entry();
@@ -351,6 +405,8 @@ class Checker {
       }
     }
     if (Status s = it->status(); !s.ok()) {
+      // RocksDB itself failed (an SST block checksum): the records past the
+      // bad block cannot be reached, so the counts stay unknown.
       if (!s.IsCorruption()) return s;
       Add(Plain(Severity::kError, "block-map-unreadable", "block map: " + s.ToString()));
       map_complete_ = false;
@@ -391,7 +447,7 @@ class Checker {
         CheckFinding f = AtBlock(Severity::kError, "refcount-stale", b,
                                  what + " is " + Str(count) + " but " + Str(refs_[b]) +
                                      " version(s) name the block (entries exist only for "
-                                     "blocks named by two or more)");
+                                     "blocks named by two or more)" + SkippedNote());
         f.repair = Fix("dropped the " + what + " (was " + Str(count) + ", " + Str(refs_[b]) +
                        " reference(s))");
         if (!f.repair.empty()) fix_.refcounts.emplace_back(block, 0);
@@ -399,7 +455,7 @@ class Checker {
       } else if (count != refs_[b]) {
         CheckFinding f = AtBlock(Severity::kError, "refcount-wrong", b,
                                  what + " is " + Str(count) + " but " + Str(refs_[b]) +
-                                     " versions name the block");
+                                     " versions name the block" + SkippedNote());
         f.repair = Fix("set the " + what + " from " + Str(count) + " to " + Str(refs_[b]));
         if (!f.repair.empty()) fix_.refcounts.emplace_back(block, refs_[b]);
         Add(std::move(f));
@@ -413,7 +469,9 @@ class Checker {
     for (uint64_t b = 0; b < blocks_; ++b) {
       if (refs_[b] >= 2 && !have.count(b)) uncounted[b];
     }
-    std::unique_ptr<MapIterator> it = store_->NewMapIterator();
+    // Skips the undecodable records again (reported by ScanMap).
+    std::unique_ptr<MapIterator> it =
+        store_->NewMapIteratorSkippingDamaged([](const DamagedMapRecord&) {});
     for (it->Seek(VolumeId(0), VolumeBlock(0)); it->Valid(); it->Next()) {
       const MapEntry& e = it->entry();
       if (Classify(e, /*report=*/false) != Fate::kKeep || e.value.tombstone()) continue;
@@ -479,7 +537,7 @@ class Checker {
     CheckFinding f = Plain(Severity::kWarning, "leaked-blocks",
                            Str(r_->leaked_blocks) +
                                " blocks are allocated in the space map but named by no version "
-                               "(leaked, reclaimable): " + named);
+                               "(leaked, reclaimable): " + named + SkippedNote());
     f.repair = Fix("reclaimed " + Str(r_->leaked_blocks) + " leaked blocks (space map rebuilt)");
     if (repair_) {
       rebuild_ = true;

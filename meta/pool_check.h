@@ -11,10 +11,12 @@
 //     devices have valid, unique names; flags are known and consistent (a
 //     device being deleted reads nothing and no live device reads through
 //     it; a hidden device has a child to hide for);
-//   - the block map: every version belongs to an existing device and to an
-//     epoch the device has reached; every data block it names lies inside
-//     the data area and is allocated in the space map (the space map may
-//     over-report, never under-report);
+//   - the block map: every record decodes (one that does not, key or
+//     value, is reported and skipped, and the walk goes on, like thin_check
+//     past a damaged node); every version belongs to an existing device
+//     and to an epoch the device has reached; every data block it names
+//     lies inside the data area and is allocated in the space map (the
+//     space map may over-report, never under-report);
 //   - reference counts: a block named by N >= 2 versions has count N, a
 //     block named by one version or none has no entry; a block named by
 //     several versions with no count is "double mapped" (an in-place write
@@ -30,13 +32,23 @@
 //     has not reached (no one can read either), and turns versions naming a
 //     block outside the data area into tombstones (the block reads zeros
 //     instead of exposing an older version);
+//   - turns undecodable records into tombstones too (their data is lost,
+//     as thin_repair loses unreadable mappings) and deletes records whose
+//     key is malformed. Their pool blocks are unknown: counting without
+//     them is right only once they are gone, so plain check reports the
+//     counts and leaks it sees (noting the skipped records) and changes
+//     nothing, and repair removes them in the same batch that fixes the
+//     counts, before the space map is rebuilt;
 //   - sets every refcount entry to the exact count, drops the rest, and
 //     flags current-epoch versions of shared blocks kMaybeShared;
 //   - marks a hidden device with nothing left to hide for as deleting;
 //   - rebuilds the space map from the block map (reclaiming leaks) and
 //     marks it clean at the new transaction id.
-// Damage it cannot fix (an unreadable record, a missing parent, a cycle,
-// duplicate names, a future parent epoch) is reported and left.
+// Damage it cannot fix (an unreadable superblock or device record, a
+// block map RocksDB itself cannot read (an SST block checksum: the walk
+// cannot step past it, so counts, refcounts and the space map go
+// unchecked and unrebuilt), a missing parent, a cycle, duplicate names, a
+// future parent epoch) is reported and left.
 //
 // Thread safety: the pool must not be open elsewhere (the caller holds the
 // pool lock); one call at a time per store.
@@ -97,6 +109,7 @@ struct CheckReport {
 
   uint64_t devices = 0;
   uint64_t mappings = 0;
+  uint64_t undecodable_mappings = 0;  // block-map records skipped as damaged
   uint64_t referenced_blocks = 0;
   uint64_t shared_blocks = 0;  // named by two or more versions
   uint64_t refcount_entries = 0;

@@ -74,10 +74,13 @@ const char* CompressionName(rocksdb::CompressionType t) {
 
 // Iterates the "map" column family across devices: total_order_seek, since
 // the prefix extractor would otherwise let Seek/Next stop at a prefix
-// boundary.
+// boundary. With `on_damaged` (check only), an undecodable record is
+// reported and stepped over instead of ending the iteration.
 class RocksMapIterator final : public MapIterator {
  public:
-  explicit RocksMapIterator(std::unique_ptr<rocksdb::Iterator> it) : it_(std::move(it)) {}
+  using DamageFn = std::function<void(const DamagedMapRecord&)>;
+  RocksMapIterator(std::unique_ptr<rocksdb::Iterator> it, DamageFn on_damaged)
+      : it_(std::move(it)), on_damaged_(std::move(on_damaged)) {}
 
   bool Valid() const override { return valid_; }
   const MapEntry& entry() const override { return entry_; }
@@ -88,7 +91,12 @@ class RocksMapIterator final : public MapIterator {
   }
   void Seek(VolumeId device, VolumeBlock vblock) override {
     status_ = Status::Ok();
-    it_->Seek(MapKey(device, vblock, UINT32_MAX));
+    if (on_damaged_ && device.value == 0 && vblock.value == 0) {
+      // A malformed key shorter than 20 bytes may sort before MapKey(0, 0, ...).
+      it_->SeekToFirst();
+    } else {
+      it_->Seek(MapKey(device, vblock, UINT32_MAX));
+    }
     Load();
   }
   Status status() const override { return status_; }
@@ -96,24 +104,40 @@ class RocksMapIterator final : public MapIterator {
  private:
   void Load() {
     valid_ = false;
-    if (!it_->Valid()) {
-      status_ = FromRocks(it_->status(), "iterate block map");
+    for (; it_->Valid(); it_->Next()) {
+      const rocksdb::Slice key = it_->key();
+      Result<MapValue> v = DecodeMapValue(key.ToStringView(), it_->value().ToStringView());
+      if (!v.ok()) {
+        if (!on_damaged_) {
+          status_ = v.status();
+          return;
+        }
+        DamagedMapRecord d;
+        d.raw_key = key.ToString();
+        d.key_decoded = key.size() == dbformat::kMapKeySize;
+        if (d.key_decoded) DecodeKey(key, &d.device, &d.vblock, &d.epoch);
+        d.why = v.status();
+        on_damaged_(d);
+        continue;
+      }
+      DecodeKey(key, &entry_.device, &entry_.vblock, &entry_.epoch);
+      entry_.value = *v;
+      valid_ = true;
       return;
     }
-    const rocksdb::Slice key = it_->key();
-    Result<MapValue> v = DecodeMapValue(key.ToStringView(), it_->value().ToStringView());
-    if (!v.ok()) {
-      status_ = v.status();
-      return;
-    }
-    entry_.device = VolumeId(GetBe64(key.data()));
-    entry_.vblock = VolumeBlock(GetBe64(key.data() + 8));
-    entry_.epoch = ~GetBe32(key.data() + 16);
-    entry_.value = *v;
-    valid_ = true;
+    status_ = FromRocks(it_->status(), "iterate block map");
+  }
+
+  // REQUIRES: key.size() == dbformat::kMapKeySize.
+  static void DecodeKey(const rocksdb::Slice& key, VolumeId* device, VolumeBlock* vblock,
+                        Epoch* epoch) {
+    *device = VolumeId(GetBe64(key.data()));
+    *vblock = VolumeBlock(GetBe64(key.data() + 8));
+    *epoch = ~GetBe32(key.data() + 16);
   }
 
   const std::unique_ptr<rocksdb::Iterator> it_;
+  const DamageFn on_damaged_;
   MapEntry entry_;
   bool valid_ = false;
   Status status_;
@@ -477,10 +501,16 @@ Result<std::vector<std::pair<PoolBlock, uint32_t>>> RocksDbStore::ListRefcounts(
 }
 
 std::unique_ptr<MapIterator> RocksDbStore::NewMapIterator() {
+  return NewMapIteratorSkippingDamaged(nullptr);
+}
+
+std::unique_ptr<MapIterator> RocksDbStore::NewMapIteratorSkippingDamaged(
+    std::function<void(const DamagedMapRecord&)> on_damaged) {
   rocksdb::ReadOptions ro;
   ro.total_order_seek = true;
   return std::make_unique<RocksMapIterator>(
-      std::unique_ptr<rocksdb::Iterator>(rep_->db->NewIterator(ro, rep_->map_cf)));
+      std::unique_ptr<rocksdb::Iterator>(rep_->db->NewIterator(ro, rep_->map_cf)),
+      std::move(on_damaged));
 }
 
 Status RocksDbStore::Commit(const MetaBatch& batch, bool sync) {
@@ -508,6 +538,9 @@ Status RocksDbStore::Commit(const MetaBatch& batch, bool sync) {
   for (const MetaBatch::MappingKey& m : batch.delete_mappings) {
     THINFS_RETURN_IF_ERROR(
         FromRocks(wb.Delete(rep_->map_cf, MapKey(m.device, m.vblock, m.epoch)), "commit"));
+  }
+  for (const std::string& k : batch.delete_raw_map_keys) {
+    THINFS_RETURN_IF_ERROR(FromRocks(wb.Delete(rep_->map_cf, k), "commit"));
   }
   for (const auto& [block, count] : batch.refcounts) {
     const std::string k = Id64Key(block.value);

@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -74,6 +75,13 @@ class RocksDbStore final : public MetadataStore {
   Result<uint32_t> GetRefcount(PoolBlock block) override;
   Result<std::vector<std::pair<PoolBlock, uint32_t>>> ListRefcounts() override;
   std::unique_ptr<MapIterator> NewMapIterator() override;
+  // A record whose key is not 20 bytes, or whose value fails
+  // DecodeMapValue, goes to `on_damaged`. RocksDB's own errors (a failed
+  // read, a block checksum mismatch in an SST file) end the iteration with
+  // kIOError/kCorruption as for NewMapIterator: RocksDB cannot step past a
+  // block it cannot read.
+  std::unique_ptr<MapIterator> NewMapIteratorSkippingDamaged(
+      std::function<void(const DamagedMapRecord&)> on_damaged) override;
   // Returns kReadOnly when opened read-only, kInvalidArgument for a record
   // that cannot be encoded (device name over 4096 bytes), kNoSpace when
   // the metadata file system is full and kIOError when the write fails. A failed write is sticky: later commits return

@@ -212,9 +212,11 @@ int RunCheck(const std::vector<std::string>& args) {
                  "With --repair (pool not mounted), like thin_repair: rebuilds the bitmap\n"
                  "from the block map (reclaiming leaks; a damaged bitmap is kept as\n"
                  "bitmap.damaged), drops versions no device can read, turns mappings\n"
-                 "outside the data area into holes, sets reference counts to the exact\n"
-                 "values, reports every change and checks again. A damaged superblock,\n"
-                 "device record, map record or RocksDB file is reported and left.");
+                 "outside the data area into holes, turns map records that cannot be\n"
+                 "decoded into holes (their data is lost, as with thin_repair; each was\n"
+                 "reported, and the rest of the map was checked past it), sets reference\n"
+                 "counts to the exact values, reports every change and checks again. A\n"
+                 "damaged superblock, device record or RocksDB file is reported and left.");
   cl.Positional("POOL", "pool directory");
   cl.AddOptions()
       ("repair", po::bool_switch(), "fix what can be fixed, reporting each change")
@@ -311,6 +313,7 @@ int RunCheck(const std::vector<std::string>& args) {
         .Key("errors_left").Uint(r.errors_left)
         .Key("devices").Uint(c.devices)
         .Key("mappings").Uint(c.mappings)
+        .Key("undecodable_mappings").Uint(c.undecodable_mappings)
         .Key("referenced_blocks").Uint(c.referenced_blocks)
         .Key("shared_blocks").Uint(c.shared_blocks)
         .Key("refcount_entries").Uint(c.refcount_entries)
@@ -338,8 +341,11 @@ int RunCheck(const std::vector<std::string>& args) {
     } else {
       verdict = "clean";
     }
-    std::cout << paths.root << ": " << c.devices << " devices, " << c.mappings << " mappings, "
-              << c.referenced_blocks << " referenced blocks, " << c.refcount_entries
+    std::cout << paths.root << ": " << c.devices << " devices, " << c.mappings << " mappings"
+              << (c.undecodable_mappings == 0
+                      ? ""
+                      : " (and " + std::to_string(c.undecodable_mappings) + " undecodable)")
+              << ", " << c.referenced_blocks << " referenced blocks, " << c.refcount_entries
               << " refcount entries: " << verdict << std::endl;
   }
   if (!clean) return kCheckErrorsLeft;

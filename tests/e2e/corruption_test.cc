@@ -9,8 +9,8 @@
 // promises:
 //   - `thinfs check POOL` exits 4 and names the damaged thing (file,
 //     record, device, vblock);
-//   - `thinfs check --repair POOL` fixes what can be fixed (the bitmap) and
-//     lists what it cannot;
+//   - `thinfs check --repair POOL` fixes what can be fixed (the bitmap; a
+//     map record it cannot decode becomes a hole) and lists what it cannot;
 //   - `thinfs mount` either refuses, exit 2, with a message that names the
 //     damage and the commands to run, leaving no mount and no daemon, or
 //     mounts and serves every byte it serves correctly: a damaged record
@@ -255,7 +255,7 @@ TEST_F(CorruptionTest, DeviceRecordBitIsReportedAndRefused) {
   ExpectReportedRefusedAndLeft(what);
 }
 
-TEST_F(CorruptionTest, MapRecordBitReadsAsEioNeverAsOtherData) {
+TEST_F(CorruptionTest, MapRecordBitReadsAsEioUntilTheRepairMakesAHole) {
   // Block 5 of 'a', written before the snapshot: one version (epoch 0)
   // that 'snap' reads too.
   const uint64_t a = ids_["a"];
@@ -270,39 +270,58 @@ TEST_F(CorruptionTest, MapRecordBitReadsAsEioNeverAsOtherData) {
   // A bit of the pool block number: without the check this would serve
   // another block's data.
   EditRecord(meta::dbformat::kMapCf, key, [](std::string& v) { v[0] = static_cast<char>(v[0] ^ 0x02); });
+  const std::string where = "device " + std::to_string(a) + " vblock 5 epoch " +
+                            std::to_string(epoch);
   const std::string what = "map entry (device " + std::to_string(a) + ", vblock 5, epoch " +
                            std::to_string(epoch) + "): check mismatch";
   CommandResult r = Thinfs({"check", pool_});
   EXPECT_EQ(r.exit_code, 4) << r.output;
-  EXPECT_TRUE(Has(r.output, what)) << r.output;
-  r = Thinfs({"check", "--repair", pool_});
-  EXPECT_EQ(r.exit_code, 4) << r.output;
-  EXPECT_TRUE(Has(r.output, "left: ")) << r.output;
+  EXPECT_TRUE(Has(r.output, "error: block map: " + where + " cannot be decoded")) << r.output;
   EXPECT_TRUE(Has(r.output, what)) << r.output;
   // Mounts (the map is read on demand): exactly block 5 of 'a' and of
   // 'snap' fail, with the record in the log and the command to run.
   EXPECT_EQ(MountAndReadBack(), (std::vector<std::string>{"a:5", "snap:5"}));
   EXPECT_TRUE(Has(Log(), what)) << Log();
   EXPECT_TRUE(Has(Log(), "thinfs check")) << Log();
+  // The repair turns the version into a hole: both read zeros there, and
+  // every other block still reads its data.
+  r = Thinfs({"check", "--repair", pool_});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(Has(r.output, "repaired: replaced the undecodable version " + where +
+                                " by a tombstone"))
+      << r.output;
+  r = Thinfs({"check", pool_});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const char* name : {"a", "snap"}) {
+    std::fill_n(expected_[name].begin() + 5 * kBlock, kBlock, 0);
+  }
+  EXPECT_EQ(MountAndReadBack(), std::vector<std::string>{});
 }
 
 TEST_F(CorruptionTest, BitmapAndMapRecordDamagedTogetherNeverFreesUsedBlocks) {
-  // The repair replaces the damaged bitmap but cannot rebuild it from an
-  // unreadable block map: the new bitmap must not call the blocks free
-  // (a mount would hand them out again and overwrite 'a' and 'b').
+  // The repair replaces the damaged bitmap and rebuilds it from the block
+  // map, which it reads past the damaged record (turned into a hole): the
+  // new bitmap must hold every block the map still names (check proves
+  // it: a named block free in the bitmap is an error) or a mount would
+  // hand them out again and overwrite 'a' and 'b'.
   FlipBits(pool_ + "/bitmap", 32, 0x04);
   const uint64_t a = ids_["a"];
   EditRecord(meta::dbformat::kMapCf, meta::MapKey(VolumeId(a), VolumeBlock(7), 0),
              [](std::string& v) { v[0] = static_cast<char>(v[0] ^ 0x02); });
   CommandResult r = Thinfs({"check", "--repair", pool_});
-  EXPECT_EQ(r.exit_code, 4) << r.output;
+  EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(Has(r.output, "repaired: replaced the bitmap")) << r.output;
-  EXPECT_TRUE(Has(r.output, "left: block map: ")) << r.output;
+  EXPECT_TRUE(Has(r.output, "repaired: replaced the undecodable version device " +
+                                std::to_string(a) + " vblock 7 epoch 0 by a tombstone"))
+      << r.output;
   r = Thinfs({"check", pool_});
-  EXPECT_EQ(r.exit_code, 4) << r.output;
+  EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_FALSE(Has(r.output, "marks free")) << r.output;
-  // The mount would rebuild the dirty bitmap from the map and cannot.
-  ExpectMountRefused({"vblock 7"});
+  EXPECT_FALSE(Has(r.output, "warning")) << r.output;
+  for (const char* name : {"a", "snap"}) {
+    std::fill_n(expected_[name].begin() + 7 * kBlock, kBlock, 0);
+  }
+  EXPECT_EQ(MountAndReadBack(), std::vector<std::string>{});
 }
 
 TEST_F(CorruptionTest, SstByteFlipIsReportedNamingTheFile) {

@@ -12,7 +12,11 @@
 
 #include "core/mem_metadata.h"
 #include "core/mem_space_map.h"
+#include "meta/format.h"
+#include "meta/record_codec.h"
+#include "meta/rocksdb_store.h"
 #include "tests/util/engine_fixture.h"
+#include "tests/util/pool_test_util.h"
 
 namespace thinfs {
 namespace {
@@ -26,13 +30,15 @@ constexpr uint64_t kBlocks = 64;
 
 class PoolCheckTest : public ::testing::Test {
  protected:
-  PoolCheckTest() : space_(kBlocks) {
+  PoolCheckTest() : space_(kBlocks) { store_ = std::make_unique<MemMetadataStore>(TestSuperblock()); }
+
+  static Superblock TestSuperblock() {
     Superblock sb;
     sb.block_size = 4096;
     sb.data_blocks = kBlocks;
     sb.next_device_id = 10;
     sb.transaction_id = 5;
-    store_ = std::make_unique<MemMetadataStore>(sb);
+    return sb;
   }
 
   DeviceRecord Device(uint64_t id, const std::string& name, Epoch epoch) {
@@ -117,7 +123,7 @@ class PoolCheckTest : public ::testing::Test {
   }
 
   MemSpaceMap space_;
-  std::unique_ptr<MemMetadataStore> store_;
+  std::unique_ptr<MetadataStore> store_;
 };
 
 TEST_F(PoolCheckTest, HealthyPoolIsClean) {
@@ -386,6 +392,191 @@ TEST_F(PoolCheckTest, WithoutASpaceMapTheMapIsStillChecked) {
   Result<CheckReport> r = CheckPool(store_.get(), nullptr, CheckOptions());
   ASSERT_TRUE(r.ok());
   EXPECT_NE(Find(*r, "mapping-outside-data-area"), nullptr);
+}
+
+// The same checks over a RocksDB store, where records can be damaged below
+// the codec: a value that fails its check, a key of the wrong size.
+class PoolCheckDamagedMapTest : public PoolCheckTest {
+ protected:
+  PoolCheckDamagedMapTest() {
+    auto s = meta::RocksDbStore::Create(tmp_.Sub("meta"), TestSuperblock(), meta::RocksDbOptions());
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (!s.ok()) return;
+    rocks_ = s->get();
+    store_ = std::move(*s);
+  }
+  ~PoolCheckDamagedMapTest() override { store_.reset(); }  // before tmp_ goes
+
+  void SetUp() override { ASSERT_NE(rocks_, nullptr); }
+
+  // Flips a bit of the stored check of version (dev, vb, e).
+  void DamageValue(uint64_t dev, uint64_t vb, Epoch e) {
+    const std::string key = meta::MapKey(VolumeId(dev), VolumeBlock(vb), e);
+    Result<std::string> raw = rocks_->GetRawForTesting(meta::dbformat::kMapCf, key);
+    ASSERT_TRUE(raw.ok()) << raw.status().ToString();
+    std::string bad = *raw;
+    bad.back() = static_cast<char>(bad.back() ^ 0x10);
+    ASSERT_OK(rocks_->PutRawForTesting(meta::dbformat::kMapCf, key, bad));
+  }
+  // A record under a key of the wrong size: device `dev`'s 8 bytes plus 4.
+  std::string PutMalformedKey(uint64_t dev) {
+    std::string key = meta::Id64Key(dev) + std::string(4, '\x01');
+    EXPECT_OK(rocks_->PutRawForTesting(meta::dbformat::kMapCf, key, std::string("\x09\x00\x00\x00", 4)));
+    return key;
+  }
+  // Entries the strict (engine) iterator yields before it stops, and its status.
+  std::pair<std::vector<MapEntry>, Status> StrictWalk() {
+    std::vector<MapEntry> seen;
+    std::unique_ptr<MapIterator> it = store_->NewMapIterator();
+    for (it->Seek(VolumeId(0), VolumeBlock(0)); it->Valid(); it->Next()) seen.push_back(it->entry());
+    return {seen, it->status()};
+  }
+
+  testing::TempDir tmp_;
+  meta::RocksDbStore* rocks_ = nullptr;
+};
+
+TEST_F(PoolCheckDamagedMapTest, EveryDamagedRecordIsReportedAndTheWalkGoesOn) {
+  BuildHealthy();
+  Map(1, 2, 1, 9);
+  DamageValue(1, 2, 1);
+  const std::string bad_key = PutMalformedKey(2);
+  // Damage that sorts after both records: found only if the walk goes on.
+  Map(3, 4, 0, 20, 0, /*allocate=*/false);  // block-not-allocated
+  Refcount(5, 3);                           // refcount-wrong (2 versions)
+  space_.MarkUsed(PoolBlock(30));           // a leak
+
+  CheckReport r = Check();
+  EXPECT_EQ(r.error_count, 4u) << Dump(r);
+  EXPECT_EQ(r.undecodable_mappings, 2u);
+  EXPECT_EQ(r.mappings, 6u);
+  std::vector<const CheckFinding*> damaged;
+  for (const CheckFinding& f : r.findings) {
+    if (f.kind == "mapping-undecodable") damaged.push_back(&f);
+  }
+  ASSERT_EQ(damaged.size(), 2u) << Dump(r);
+  EXPECT_EQ(damaged[0]->severity, CheckFinding::Severity::kError);
+  EXPECT_EQ(damaged[0]->device, 1u);
+  EXPECT_EQ(damaged[0]->vblock, 2u);
+  EXPECT_EQ(damaged[0]->epoch, 1u);
+  EXPECT_FALSE(damaged[0]->block.has_value()) << "its block is unknown";
+  EXPECT_NE(damaged[0]->message.find("device 1 vblock 2 epoch 1 cannot be decoded"),
+            std::string::npos) << damaged[0]->message;
+  EXPECT_NE(damaged[0]->message.find("check mismatch"), std::string::npos) << damaged[0]->message;
+  EXPECT_FALSE(damaged[1]->device.has_value());
+  EXPECT_NE(damaged[1]->message.find("key 000000000000000201010101 cannot be decoded"),
+            std::string::npos) << damaged[1]->message;
+  EXPECT_NE(damaged[1]->message.find("map key of 12 bytes"), std::string::npos)
+      << damaged[1]->message;
+
+  const CheckFinding* f = Find(r, "block-not-allocated");
+  ASSERT_NE(f, nullptr) << Dump(r);
+  EXPECT_EQ(f->device, 3u);
+  EXPECT_EQ(f->block, 20u);
+  f = Find(r, "refcount-wrong");
+  ASSERT_NE(f, nullptr) << Dump(r);
+  EXPECT_NE(f->message.find("2 undecodable block-map records were skipped"), std::string::npos)
+      << f->message;
+  f = Find(r, "leaked-blocks");
+  ASSERT_NE(f, nullptr) << Dump(r);
+  EXPECT_NE(f->message.find(": 9 30 ("), std::string::npos) << f->message;
+  EXPECT_EQ(Find(r, "block-map-unreadable"), nullptr) << Dump(r);
+
+  // Plain check changes nothing.
+  EXPECT_TRUE(rocks_->GetRawForTesting(meta::dbformat::kMapCf, bad_key).ok());
+  EXPECT_TRUE(space_.IsAllocated(PoolBlock(9)));
+  EXPECT_FALSE(space_.IsAllocated(PoolBlock(20)));
+  EXPECT_EQ(*store_->GetRefcount(PoolBlock(5)), 3u);
+
+  CheckReport fixed = Check(/*repair=*/true);
+  EXPECT_EQ(fixed.errors_left, 0u) << Dump(fixed);
+  EXPECT_EQ(fixed.errors_corrected, 4u) << Dump(fixed);
+  const CheckFinding* g = Find(fixed, "mapping-undecodable");
+  ASSERT_NE(g, nullptr);
+  EXPECT_NE(g->repair.find("by a tombstone"), std::string::npos) << g->repair;
+  // The version reads zeros now; the malformed record is gone; the blocks
+  // only the skipped records named are free again, the rest still used.
+  auto v = store_->FindVersion(VolumeId(1), VolumeBlock(2), 1);
+  ASSERT_TRUE(v.ok() && v->has_value()) << v.status().ToString();
+  EXPECT_TRUE((*v)->value.tombstone());
+  EXPECT_TRUE(rocks_->GetRawForTesting(meta::dbformat::kMapCf, bad_key).status().IsNotFound());
+  EXPECT_FALSE(space_.IsAllocated(PoolBlock(9)));
+  EXPECT_FALSE(space_.IsAllocated(PoolBlock(30)));
+  for (uint64_t b : {4, 5, 7, 20}) EXPECT_TRUE(space_.IsAllocated(PoolBlock(b))) << b;
+  EXPECT_EQ(*store_->GetRefcount(PoolBlock(5)), 2u);
+  CheckReport again = Check();
+  EXPECT_EQ(again.error_count, 0u) << Dump(again);
+  EXPECT_EQ(again.warning_count, 0u) << Dump(again);
+  EXPECT_EQ(again.undecodable_mappings, 0u);
+  EXPECT_TRUE(StrictWalk().second.ok());
+}
+
+TEST_F(PoolCheckDamagedMapTest, TheEngineStillStopsAtADamagedRecord) {
+  BuildHealthy();
+  Map(1, 2, 1, 9);
+  DamageValue(1, 2, 1);
+  auto [seen, status] = StrictWalk();
+  EXPECT_TRUE(status.IsCorruption()) << status.ToString();
+  EXPECT_EQ(seen.size(), 3u);  // device 1's versions before vblock 2
+  auto v = store_->FindVersion(VolumeId(1), VolumeBlock(2), 1);
+  EXPECT_TRUE(v.status().IsCorruption()) << v.status().ToString();
+  // A malformed key first in the map: the strict walk yields nothing.
+  PutMalformedKey(0);
+  std::tie(seen, status) = StrictWalk();
+  EXPECT_TRUE(status.IsCorruption()) << status.ToString();
+  EXPECT_TRUE(seen.empty());
+  // One that sorts before MapKey(0, 0, ...): the strict Seek passes it.
+  ASSERT_OK(rocks_->PutRawForTesting(meta::dbformat::kMapCf, std::string(3, '\0'), "x"));
+  // The lenient walk sees everything else and the three records.
+  int damaged = 0;
+  std::unique_ptr<MapIterator> it =
+      store_->NewMapIteratorSkippingDamaged([&](const DamagedMapRecord&) { ++damaged; });
+  size_t n = 0;
+  for (it->Seek(VolumeId(0), VolumeBlock(0)); it->Valid(); it->Next()) ++n;
+  EXPECT_OK(it->status());
+  EXPECT_EQ(n, 5u);
+  EXPECT_EQ(damaged, 3);
+}
+
+TEST_F(PoolCheckDamagedMapTest, AnUnreadableVersionOfAMissingDeviceIsDropped) {
+  BuildHealthy();
+  Map(8, 0, 0, 11);  // no device 8
+  DamageValue(8, 0, 0);
+  CheckReport r = Check();
+  EXPECT_EQ(r.error_count, 1u) << Dump(r);
+  ASSERT_NE(Find(r, "mapping-undecodable"), nullptr) << Dump(r);
+  CheckReport fixed = Check(/*repair=*/true);
+  EXPECT_NE(Find(fixed, "mapping-undecodable")->repair.find("dropped"), std::string::npos)
+      << Dump(fixed);
+  EXPECT_EQ(fixed.errors_left, 0u) << Dump(fixed);
+  auto versions = store_->ListVersions(VolumeId(8), VolumeBlock(0));
+  ASSERT_TRUE(versions.ok()) << versions.status().ToString();
+  EXPECT_TRUE(versions->empty());
+  EXPECT_FALSE(space_.IsAllocated(PoolBlock(11)));
+  EXPECT_EQ(Check().error_count, 0u);
+}
+
+TEST_F(PoolCheckDamagedMapTest, ManyDamagedRecordsAreCountedAndListedUpToTheCap) {
+  BuildHealthy();
+  constexpr uint64_t kDamaged = 40;
+  for (uint64_t vb = 0; vb < kDamaged; ++vb) {
+    Map(3, 100 + vb, 0, 0, MapValue::kTombstone, /*allocate=*/false);
+    DamageValue(3, 100 + vb, 0);
+  }
+  CheckOptions o;
+  o.max_listed = 10;
+  Result<CheckReport> r = CheckPool(store_.get(), &space_, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->error_count, kDamaged);
+  EXPECT_EQ(r->undecodable_mappings, kDamaged);
+  EXPECT_EQ(r->findings.size(), 10u);
+  o.repair = true;
+  r = CheckPool(store_.get(), &space_, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->errors_corrected, kDamaged);
+  EXPECT_EQ(r->changes.size(), 10u);
+  EXPECT_EQ(r->errors_left, 0u);
+  EXPECT_EQ(Check().error_count, 0u);
 }
 
 TEST(PoolCheckEngineTest, WhatTheEngineBuildsIsClean) {

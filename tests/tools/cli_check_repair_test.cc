@@ -174,13 +174,15 @@ TEST_F(CheckRepairTest, DamagedBitmapIsRebuiltFromTheBlockMap) {
   EXPECT_EQ((*bm)->free_blocks(), 254u);
 }
 
-TEST_F(CheckRepairTest, UnreadableMapRecordIsReportedAndLeft) {
+TEST_F(CheckRepairTest, UndecodableMapRecordsAreReportedAndRepairedAsHoles) {
   MetaBatch b;
   b.put_mappings.push_back(Entry(0, 3));
-  Damage(b, {3});
+  b.put_mappings.push_back(Entry(5, 7));  // after the damage: free in the bitmap
+  Damage(b, {3, 40});                     // 40: a leak
   std::string key(20, '\0');
   key[7] = 1;  // device 1, vblock 0
   for (int i = 16; i < 20; ++i) key[i] = static_cast<char>(0xff);  // ~epoch 0
+  const std::string short_key = key.substr(0, 8) + "\x02\x02";  // sorts after vblock 0
   {
     auto store = meta::RocksDbStore::Open(pool_ + "/meta", meta::RocksDbOptions());
     ASSERT_TRUE(store.ok());
@@ -189,14 +191,55 @@ TEST_F(CheckRepairTest, UnreadableMapRecordIsReportedAndLeft) {
     std::string bad = *raw;
     bad.back() = static_cast<char>(bad.back() ^ 0x5a);
     ASSERT_TRUE((*store)->PutRawForTesting(meta::dbformat::kMapCf, key, bad).ok());
+    ASSERT_TRUE((*store)->PutRawForTesting(meta::dbformat::kMapCf, short_key, *raw).ok());
   }
   CliRun r = Thinfs({"check", pool_});
   EXPECT_EQ(r.exit_code, 4) << Describe(r);
-  EXPECT_TRUE(Has(r.out, "error: block map: ")) << r.out;
+  EXPECT_TRUE(Has(r.out, "error: block map: device 1 vblock 0 epoch 0 cannot be decoded: ")) << r.out;
   EXPECT_TRUE(Has(r.out, "check mismatch")) << r.out;
-  r = Thinfs({"check", pool_, "--repair"});
+  EXPECT_TRUE(Has(r.out, "error: block map: record with key 00000000000000010202 cannot be "
+                         "decoded: Corruption: map key of 10 bytes"))
+      << r.out;
+  // What lies past the damage is still checked.
+  EXPECT_TRUE(Has(r.out, "error: block map: device 1 vblock 5 epoch 0 maps pool block 7, which "
+                         "the space map marks free"))
+      << r.out;
+  EXPECT_TRUE(Has(r.out, "warning: 2 blocks are allocated in the space map but named by no "
+                         "version (leaked, reclaimable): 3 40 (2 undecodable"))
+      << r.out;
+  EXPECT_TRUE(Has(r.out, ": 1 devices, 1 mappings (and 2 undecodable), 1 referenced blocks"))
+      << r.out;
+  EXPECT_TRUE(Has(r.out, "3 errors left uncorrected")) << r.out;
+
+  r = Thinfs({"check", pool_, "--json"});
   EXPECT_EQ(r.exit_code, 4) << Describe(r);
-  EXPECT_TRUE(Has(r.out, "left: block map: ")) << r.out;
+  std::string error;
+  std::optional<JsonValue> v = JsonParser::Parse(r.out, &error);
+  ASSERT_TRUE(v.has_value()) << error << "\n" << r.out;
+  EXPECT_EQ((*v)["undecodable_mappings"].AsUint(), 2u);
+  EXPECT_EQ((*v)["mappings"].AsUint(), 1u);
+  int undecodable = 0;
+  for (const JsonValue& f : (*v)["findings"].array) {
+    if (f["kind"].string == "mapping-undecodable") ++undecodable;
+  }
+  EXPECT_EQ(undecodable, 2) << r.out;
+
+  r = Thinfs({"check", pool_, "--repair"});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  EXPECT_TRUE(Has(r.out, "repaired: replaced the undecodable version device 1 vblock 0 epoch 0 "
+                         "by a tombstone: the block reads zeros there"))
+      << r.out;
+  EXPECT_TRUE(Has(r.out, "repaired: deleted the block-map record with the malformed key "
+                         "00000000000000010202"))
+      << r.out;
+  r = Thinfs({"check", pool_});
+  EXPECT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_FALSE(Has(r.out, "warning")) << r.out;
+  auto bm = meta::BitmapSpaceMap::Open(pool_ + "/bitmap", 256, 65536, true);
+  ASSERT_TRUE(bm.ok()) << bm.status().ToString();
+  EXPECT_TRUE((*bm)->IsAllocated(PoolBlock(7)));
+  EXPECT_FALSE((*bm)->IsAllocated(PoolBlock(3)));
+  EXPECT_FALSE((*bm)->IsAllocated(PoolBlock(40)));
 }
 
 }  // namespace

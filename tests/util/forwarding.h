@@ -5,6 +5,7 @@
 #define THINFS_TESTS_UTIL_FORWARDING_H_
 
 #include <functional>
+#include <utility>
 
 #include "core/block_device.h"
 #include "core/metadata.h"
@@ -78,6 +79,10 @@ class ForwardingMetadataStore final : public MetadataStore {
     return t_->ListRefcounts();
   }
   std::unique_ptr<MapIterator> NewMapIterator() override { return t_->NewMapIterator(); }
+  std::unique_ptr<MapIterator> NewMapIteratorSkippingDamaged(
+      std::function<void(const DamagedMapRecord&)> on_damaged) override {
+    return t_->NewMapIteratorSkippingDamaged(std::move(on_damaged));
+  }
   Status Commit(const MetaBatch& b, bool sync) override { return t_->Commit(b, sync); }
   Result<uint64_t> MapBytesOnDisk(bool c) override { return t_->MapBytesOnDisk(c); }
 
