@@ -2,6 +2,7 @@
 mounts, daemons, sizes."""
 
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -45,11 +46,13 @@ def size_label(n):
 
 
 def is_mounted(path):
-    path = os.path.realpath(path)
-    with open("/proc/self/mountinfo") as fh:
+    path = os.fsencode(os.path.realpath(path))
+    with open("/proc/self/mountinfo", "rb") as fh:
         for line in fh:
-            # Field 5 is the mount point, octal-escaped.
-            mp = line.split()[4].encode().decode("unicode_escape")
+            # Field 5 is the mount point, its space, tab, newline and
+            # backslash written as \ooo octal; the rest are raw bytes.
+            mp = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]),
+                        line.split()[4])
             if mp == path:
                 return True
     return False
