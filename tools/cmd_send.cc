@@ -5,8 +5,9 @@
 //
 // diff and send open an unmounted pool directly; on a mounted one they
 // read a checkpoint of its committed metadata (the daemon writes it) and
-// the data through the mounted files (ReadView). receive opens the pool
-// itself and so needs it unmounted.
+// the data through the mounted files (ReadView). receive builds the device
+// in an unmounted pool opened here, or in a mounted one through the
+// daemon's control socket and the mounted files (ReceiveTarget).
 //
 // Receive is atomic: it builds the device under a temporary name
 // (TempNameFor), renames it into place only after the END record verified,
@@ -39,6 +40,7 @@
 #include "tools/daemon_checkpoint.h"
 #include "tools/pool_here.h"
 #include "tools/progress.h"
+#include "tools/receive_target.h"
 #include "tools/stream_ids.h"
 
 namespace thinfs::tools {
@@ -121,12 +123,10 @@ Result<std::unique_ptr<ReadView>> OpenForReading(const std::string& dir) {
     return view;
   }
   if (here.status().code() != Status::Code::kBusy) return here.status();
-  std::optional<Result<AdminReply>> where = CallDaemon(dir, AdminRequest{"mountpoint", {}});
+  std::optional<Result<std::string>> where = DaemonMountpoint(dir);
   if (!where) return here.status();  // locked by something that is not a daemon
   if (!where->ok()) return where->status();
-  if ((*where)->exit_code != kAdminOk) return Status::IOError((*where)->error);
-  view->mountpoint = (*where)->text;
-  while (!view->mountpoint.empty() && view->mountpoint.back() == '\n') view->mountpoint.pop_back();
+  view->mountpoint = **where;
   bool answered = false;
   Result<std::unique_ptr<DaemonCheckpoint>> cp =
       DaemonCheckpoint::Take(meta::PoolPaths::For(dir), ".send-", &answered);
@@ -429,25 +429,20 @@ int Receive(const CommandLine& cl) {
   Result<StreamHeader> h = reader.ReadHeader();
   if (!h.ok()) return FailStatus(cl, h.status());
 
-  Result<std::unique_ptr<OpenPool>> op = OpenPoolHere(cl.Arg(0), false);
-  if (!op.ok() && op.status().code() == Status::Code::kBusy) {
-    return FailStatus(cl, Status::Busy(op.status().message() +
-                                       " (receive needs an unmounted pool: unmount it first)"));
-  }
+  Result<std::unique_ptr<ReceiveTarget>> op = OpenReceiveTarget(cl.Arg(0));
   if (!op.ok()) return FailStatus(cl, op.status());
-  OpenPool& p = **op;
-  Pool& pool = *p.pool;
-  if (h->block_size != p.sb.block_size) {
+  ReceiveTarget& pool = **op;
+  if (h->block_size != pool.block_size()) {
     return cl.Fail(kExitFailure, "stream block size " + FormatSize(h->block_size) +
-                                     " differs from the pool's " + FormatSize(p.sb.block_size) +
+                                     " differs from the pool's " + FormatSize(pool.block_size()) +
                                      " (re-blocking is not supported)");
   }
-  Result<std::vector<DeviceRecord>> devices = pool.store()->LoadDevices();
+  Result<std::vector<DeviceRecord>> devices = pool.Devices();
   if (!devices.ok()) return FailStatus(cl, devices.status());
   if (FindNamed(*devices, name).ok() && !force) {
     return cl.Fail(kExitFailure, "device '" + name + "' exists (use --force to replace it)");
   }
-  Result<StreamGuids> guids = StreamGuids::Load(p.files.paths.root);
+  Result<StreamGuids> guids = StreamGuids::Load(pool.root());
   if (!guids.ok()) return FailStatus(cl, guids.status());
   const DeviceRecord* base = nullptr;
   if (h->incremental()) {
@@ -475,17 +470,16 @@ int Receive(const CommandLine& cl) {
   if (FindNamed(*devices, temp).ok()) {
     if (Status s = pool.DeleteDevice(temp); !s.ok()) return FailStatus(cl, s);
   }
-  Status s = base != nullptr ? pool.CreateSnapshot(base->name, temp).status()
-                             : pool.CreateDevice(temp, h->device_size).status();
+  Status s = base != nullptr ? pool.CreateSnapshot(base->name, temp)
+                             : pool.CreateDevice(temp, h->device_size);
   if (!s.ok()) return FailStatus(cl, s);
   uint64_t records = 0;
   {
     ProgressLine progress("receiving ");
-    Result<std::shared_ptr<Volume>> vol = pool.OpenVolume(temp);
-    s = vol.status();
-    if (s.ok() && (*vol)->size() != h->device_size) {
+    if (base != nullptr && base->size != h->device_size) {
       s = pool.ResizeDevice(temp, h->device_size);
     }
+    if (s.ok()) s = pool.OpenData(temp);
     while (s.ok()) {
       Result<StreamRecord> r = reader.ReadRecord();
       if (!r.ok()) {
@@ -493,8 +487,8 @@ int Receive(const CommandLine& cl) {
         break;
       }
       if (r->type == StreamRecordType::kEnd) break;
-      s = r->type == StreamRecordType::kData ? (*vol)->Write(r->offset, r->data)
-                                             : (*vol)->Discard(r->offset, r->length);
+      s = r->type == StreamRecordType::kData ? pool.Write(r->offset, r->data)
+                                             : pool.Punch(r->offset, r->length);
       if (!s.ok()) {
         s = s.WithContext("record " + std::to_string(r->number) + " at stream byte " +
                           std::to_string(reader.position()));
@@ -502,6 +496,8 @@ int Receive(const CommandLine& cl) {
       if ((++records & 63) == 0) progress.ShowBytes(name.c_str(), reader.position(), in_size);
     }
   }
+  // Mounted, closing the device file fsyncs it: the data is committed.
+  if (Status closed = pool.CloseData(); s.ok()) s = closed;
   if (s.ok()) s = pool.Commit();
   if (s.ok()) s = pool.RenameDevice(temp, name, force);
   if (s.ok()) s = pool.Commit();
@@ -512,15 +508,19 @@ int Receive(const CommandLine& cl) {
     if (!cleanup.ok()) msg += "; removing the partial device " + temp + " failed: " + cleanup.message();
     return cl.Fail(kExitFailure, msg);
   }
-  Result<DeviceInfo> info = pool.GetDevice(name);
-  if (!info.ok()) return FailStatus(cl, info.status());
-  Result<std::vector<DeviceRecord>> after = pool.store()->LoadDevices();
+  // The committed record of the device: what `send` and a later receive
+  // compare the recorded mtime and size with, mounted or not.
+  Result<std::vector<DeviceRecord>> after = pool.Devices();
   if (!after.ok()) return FailStatus(cl, after.status());
-  Status closed = p.Close();
+  Result<const DeviceRecord*> received = FindNamed(*after, name);
+  if (!received.ok()) return FailStatus(cl, received.status());
+  const ReceivedGuid entry{h->guid, (*received)->mtime_ns, (*received)->size};
+  const uint64_t received_id = (*received)->id.value;
+  Status closed = pool.Close();
   if (!closed.ok()) return FailStatus(cl, closed);
   // The device is in place; a crash before this line leaves it without its
   // stream guid (a later incremental onto it is refused, a full one works).
-  s = guids->Record(info->id.value, ReceivedGuid{h->guid, info->mtime_ns, info->size}, *after);
+  s = guids->Record(received_id, entry, *after);
   if (!s.ok()) return cl.Fail(kExitFailure, "received, but recording its guid failed: " + s.message());
   if (cl.Get<bool>("verbose")) {
     std::cerr << "received " << name << (base ? " on top of " + base->name : std::string())
@@ -596,7 +596,14 @@ int RunReceive(const std::vector<std::string>& args) {
                  "error names the stream byte offset and record. The device is built\n"
                  "under a temporary name (thinfs-receive-*.partial) and renamed into\n"
                  "place at the end; a crash leaves at most that, which the next receive\n"
-                 "of NAME removes. Needs an unmounted pool.");
+                 "of NAME removes.\n\n"
+                 "Works on a mounted pool too, while its other devices are in use: the\n"
+                 "metadata changes go through the daemon's control socket, the data is\n"
+                 "written through the mounted file of the temporary device, which is\n"
+                 "fsync()ed and then renamed in the mount. With --force, a replaced\n"
+                 "device still open in the mount (e.g. under a loop device) keeps\n"
+                 "serving its old data to those who have it open until they close it,\n"
+                 "as after rename(2) over an open file.");
   cl.Positional("POOL", "pool directory");
   cl.Positional("NAME", "device to create");
   cl.AddOptions()

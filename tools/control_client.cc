@@ -118,4 +118,14 @@ std::optional<Result<AdminReply>> CallDaemon(const std::string& pool,
   return reply;
 }
 
+std::optional<Result<std::string>> DaemonMountpoint(const std::string& pool) {
+  std::optional<Result<AdminReply>> where = CallDaemon(pool, AdminRequest{"mountpoint", {}});
+  if (!where) return std::nullopt;
+  if (!where->ok()) return Result<std::string>(where->status());
+  if ((*where)->exit_code != kAdminOk) return Result<std::string>(Status::IOError((*where)->error));
+  std::string mountpoint = (*where)->text;
+  while (!mountpoint.empty() && mountpoint.back() == '\n') mountpoint.pop_back();
+  return Result<std::string>(std::move(mountpoint));
+}
+
 }  // namespace thinfs::tools

@@ -22,6 +22,11 @@ namespace thinfs::tools {
 std::optional<Result<AdminReply>> CallDaemon(const std::string& pool,
                                              const AdminRequest& request);
 
+// Where the daemon serving `pool` has it mounted (its `mountpoint` command).
+// std::nullopt when no daemon answers; an error status for a failed call
+// or a daemon's error reply.
+std::optional<Result<std::string>> DaemonMountpoint(const std::string& pool);
+
 }  // namespace thinfs::tools
 
 #endif  // THINFS_TOOLS_CONTROL_CLIENT_H_

@@ -10,6 +10,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "tools/file_sync.h"
+
 namespace thinfs::tools {
 
 namespace {
@@ -20,16 +22,6 @@ constexpr const char* kFirstLine = "thinfs-stream-guids 1";
 bool Live(const DeviceRecord& r) {
   return (r.flags & (DeviceRecord::kHidden | DeviceRecord::kDeleting | DeviceRecord::kDetached)) ==
          0;
-}
-
-Status SyncPath(const std::string& path, int flags) {
-  int fd = ::open(path.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, "open " + path);
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  if (rc != 0) return Status::FromErrno(err, "fsync " + path);
-  return Status::Ok();
 }
 
 }  // namespace
