@@ -1,18 +1,69 @@
 // Mount commands: mount, umount.
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <climits>
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "core/mountinfo.h"
 #include "fs/mount.h"
+#include "meta/pool_dir.h"
 #include "tools/cli.h"
 
 namespace thinfs::tools {
+namespace {
+
+// The pool lock of the thinfs daemon serving `mountpoint`, opened read-only
+// (-1 when `mountpoint` is not a thinfs mount, or its lock is unreadable).
+int OpenLockOfMount(const std::string& mountpoint) {
+  char real[PATH_MAX];
+  if (::realpath(mountpoint.c_str(), real) == nullptr) return -1;
+  Result<std::vector<MountInfoEntry>> mounts = ReadMountInfo();
+  if (!mounts.ok()) return -1;
+  const std::string prefix = ThinfsMountSource("");
+  for (const MountInfoEntry& m : *mounts) {
+    if (m.fstype != kThinfsFsType || m.mountpoint != real ||
+        m.source.compare(0, prefix.size(), prefix) != 0) {
+      continue;
+    }
+    const std::string lock = meta::PoolPaths::For(m.source.substr(prefix.size())).lock;
+    return ::open(lock.c_str(), O_RDONLY | O_CLOEXEC);
+  }
+  return -1;
+}
+
+// Waits until the daemon holding `lock_fd`'s lock has let it go: after the
+// unmount it still makes its final commit and marks the bitmap clean, and
+// the pool is not usable (receive, check, mount) before. Returns false on
+// timeout.
+bool WaitForDaemonExit(int lock_fd, std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool said = false;
+  const auto start = std::chrono::steady_clock::now();
+  while (::flock(lock_fd, LOCK_SH | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK && errno != EINTR) return true;  // nothing to wait for
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return false;
+    if (!said && now - start > std::chrono::seconds(2) && ::isatty(STDERR_FILENO)) {
+      std::cerr << "thinfs umount: waiting for the daemon's final commit..." << std::endl;
+      said = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::flock(lock_fd, LOCK_UN);
+  return true;
+}
+
+}  // namespace
 
 int RunMount(const std::vector<std::string>& args) {
   CommandLine cl("mount", "POOL MOUNTPOINT [-f] [-o OPTIONS]",
@@ -62,10 +113,23 @@ int RunMount(const std::vector<std::string>& args) {
 int RunUmount(const std::vector<std::string>& args) {
   CommandLine cl("umount", "MOUNTPOINT",
                  "Unmounts a thinfs mount; the daemon commits, marks the bitmap clean\n"
-                 "and exits. Same as 'fusermount3 -u MOUNTPOINT'.");
+                 "and exits. Returns once it has (at most --timeout seconds), so the pool\n"
+                 "can be used at once. 'fusermount3 -u MOUNTPOINT' unmounts without\n"
+                 "waiting.");
   cl.Positional("MOUNTPOINT", "where the pool is mounted");
+  cl.AddOptions()("timeout",
+                  po::value<unsigned>()->value_name("SECONDS")->default_value(
+                      300),
+                  "how long to wait for the daemon to exit after the unmount");
   cl.SetEpilog("Example:\n  thinfs umount /mnt/vols\n");
   if (std::optional<int> code = cl.Parse(args)) return *code;
+  const int lock_fd = OpenLockOfMount(cl.Arg(0));
+  struct Closer {
+    int fd;
+    ~Closer() {
+      if (fd >= 0) ::close(fd);
+    }
+  } closer{lock_fd};
   pid_t pid = ::fork();
   if (pid < 0) return cl.Fail(kExitFailure, std::string("fork: ") + std::strerror(errno));
   if (pid == 0) {
@@ -79,6 +143,12 @@ int RunUmount(const std::vector<std::string>& args) {
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     return cl.Fail(kExitFailure, "could not unmount " + cl.Arg(0));
+  }
+  if (lock_fd >= 0 &&
+      !WaitForDaemonExit(lock_fd, std::chrono::seconds(cl.Get<unsigned>("timeout")))) {
+    return cl.Fail(kExitFailure, "unmounted " + cl.Arg(0) +
+                                     ", but the daemon still holds the pool after " +
+                                     std::to_string(cl.Get<unsigned>("timeout")) + " s");
   }
   return kExitOk;
 }

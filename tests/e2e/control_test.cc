@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -255,6 +256,46 @@ TEST_F(ControlTest, SnapshotCowWritesReadBackWithCopiesDeferredOrNot) {
   }
   CommandResult check = Thinfs({"check", pool_});
   EXPECT_EQ(check.exit_code, 0) << check.output;
+}
+
+// `thinfs umount` returns only once the daemon has made its final commit
+// and let go of the pool, so the next command can use the pool at once. A
+// stopped daemon makes the window as wide as the test wants: the kernel
+// unmounts without it, and `thinfs umount` must keep waiting until it runs
+// again and exits.
+TEST_F(ControlTest, UmountReturnsOnceThePoolIsFree) {
+  FormatPool("64M");
+  ExpectOk(MountDaemon(), "mount");
+  ExpectOk(Thinfs({"create", pool_, "v", "--size", "1M"}), "create");
+  std::vector<pid_t> daemons = FindMountDaemons(pool_);
+  ASSERT_EQ(daemons.size(), 1u);
+  ASSERT_EQ(kill(daemons[0], SIGSTOP), 0);
+  std::atomic<bool> returned{false};
+  CommandResult umount;
+  std::thread t([&] {
+    umount = Thinfs({"umount", mnt_});
+    returned.store(true);
+  });
+  // Unmounted by the kernel, but the daemon has not exited: still waiting.
+  for (int i = 0; i < 100 && IsThinfsMounted(mnt_); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_FALSE(IsThinfsMounted(mnt_));
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  EXPECT_FALSE(returned.load()) << "thinfs umount returned while the daemon still held the pool";
+  kill(daemons[0], SIGCONT);
+  t.join();
+  EXPECT_EQ(umount.exit_code, 0) << umount.output;
+  CommandResult check = Thinfs({"check", pool_});
+  EXPECT_EQ(check.exit_code, 0) << check.output;
+  // Not a thinfs mount: unmounted as before, nothing to wait for.
+  const std::string tmpfs = mnt_ + "-tmpfs";
+  ASSERT_EQ(mkdir(tmpfs.c_str(), 0755), 0);
+  ASSERT_EQ(RunCommand("mount -t tmpfs none " + ShellQuote(tmpfs)).exit_code, 0);
+  CommandResult other = Thinfs({"umount", tmpfs});
+  EXPECT_EQ(other.exit_code, 0) << other.output;
+  if (other.exit_code != 0) RunCommand("umount " + ShellQuote(tmpfs));
+  rmdir(tmpfs.c_str());
 }
 
 TEST_F(ControlTest, DeleteOfAnOpenDeviceKeepsItWorkingUntilClose) {
