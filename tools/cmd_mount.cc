@@ -111,7 +111,7 @@ int RunMount(const std::vector<std::string>& args) {
 }
 
 int RunUmount(const std::vector<std::string>& args) {
-  CommandLine cl("umount", "MOUNTPOINT",
+  CommandLine cl("umount", "MOUNTPOINT [--timeout SECONDS]",
                  "Unmounts a thinfs mount; the daemon commits, marks the bitmap clean\n"
                  "and exits. Returns once it has (at most --timeout seconds), so the pool\n"
                  "can be used at once. 'fusermount3 -u MOUNTPOINT' unmounts without\n"
