@@ -1,9 +1,11 @@
 #include "tools/stream_ids.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -95,12 +97,34 @@ const DeviceRecord* StreamGuids::FindByGuid(const StreamGuid& guid,
 
 Status StreamGuids::Record(uint64_t id, const ReceivedGuid& entry,
                            const std::vector<DeviceRecord>& devices) {
+  // Receives into one mounted pool may run at once: each holds the lock
+  // from re-reading the file to renaming its new version, so none loses
+  // what another recorded meanwhile.
+  const std::string lock_path = path_ + ".lock";
+  const int lock = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock < 0) return Status::FromErrno(errno, "open " + lock_path);
+  struct Unlock {
+    int fd;
+    ~Unlock() { ::close(fd); }  // also releases the flock
+  } unlock{lock};
+  while (::flock(lock, LOCK_EX) != 0) {
+    if (errno != EINTR) return Status::FromErrno(errno, "flock " + lock_path);
+  }
+  const std::string root = path_.substr(0, path_.rfind('/'));
+  THINFS_ASSIGN_OR_RETURN(StreamGuids now, Load(root.empty() ? "/" : root));
+  entries_ = std::move(now.entries_);
   entries_[id] = entry;
+
+  // Dropped: entries of devices gone. A device id missing from `devices`
+  // but above every id in it may belong to a device created after that
+  // list was read (ids only grow): kept.
+  uint64_t max_listed = id;
+  for (const DeviceRecord& r : devices) max_listed = std::max(max_listed, r.id.value);
   std::string text = std::string(kFirstLine) + "\n";
   for (const auto& [dev, e] : entries_) {
-    bool exists = false;
-    for (const DeviceRecord& r : devices) exists = exists || (r.id.value == dev && Live(r));
-    if (!exists) continue;
+    bool keep = dev > max_listed;
+    for (const DeviceRecord& r : devices) keep = keep || (r.id.value == dev && Live(r));
+    if (!keep) continue;
     text += std::to_string(dev) + " " + e.guid.Hex() + " " + std::to_string(e.mtime_ns) + " " +
             std::to_string(e.size) + "\n";
   }
@@ -113,8 +137,7 @@ Status StreamGuids::Record(uint64_t id, const ReceivedGuid& entry,
   }
   THINFS_RETURN_IF_ERROR(SyncPath(tmp, O_RDONLY));
   if (::rename(tmp.c_str(), path_.c_str()) != 0) return Status::FromErrno(errno, "rename " + tmp);
-  const std::string dir = path_.substr(0, path_.rfind('/'));
-  return SyncPath(dir.empty() ? "/" : dir, O_RDONLY | O_DIRECTORY);
+  return SyncPath(root.empty() ? "/" : root, O_RDONLY | O_DIRECTORY);
 }
 
 }  // namespace thinfs::tools

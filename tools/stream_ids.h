@@ -18,7 +18,10 @@
 //   <device id> <guid, 32 hex digits> <mtime_ns> <size>
 // Entries of devices that no longer exist are dropped on the next write.
 //
-// Thread safety: none; one command at a time per pool (the pool lock).
+// Thread safety: an object is used by one thread. Record() serialises with
+// every other Record() on the same pool, in any process (flock of
+// POOL/stream-guids.lock), and merges what they recorded since Load():
+// receives into a mounted pool can run at once.
 
 #ifndef THINFS_TOOLS_STREAM_IDS_H_
 #define THINFS_TOOLS_STREAM_IDS_H_
@@ -53,8 +56,11 @@ class StreamGuids {
   const DeviceRecord* FindByGuid(const StreamGuid& guid, const std::vector<DeviceRecord>& devices,
                                  const std::string** modified) const;
 
-  // Records `guid` for device `id` with its state after the receive, drops
-  // entries of devices not in `devices`, and writes the file atomically.
+  // Records `guid` for device `id` with its state after the receive, on
+  // top of the entries the file holds now (re-read under the lock), drops
+  // entries of devices no longer in `devices` (those with a larger id than
+  // any in it are kept: devices created since), and writes the file
+  // atomically.
   Status Record(uint64_t id, const ReceivedGuid& entry, const std::vector<DeviceRecord>& devices);
 
  private:
