@@ -271,7 +271,7 @@ def main():
     p.add_argument("--snap-sizes", default=None,
                    help="snapshot origins SMALL,LARGE (default 1G,4G; quick 32M,128M)")
     p.add_argument("--snap-reps", type=int, default=None,
-                   help="snapshot repetitions (default 5; quick 3)")
+                   help="snapshot repetitions (default 21; quick 3)")
     p.add_argument("--snap-methods", default=None,
                    help="comma-separated snapshot methods to time (default all: "
                         f"{', '.join(snapshot_time.METHODS)}; {snapshot_time.ALT} "
@@ -292,7 +292,7 @@ def main():
     args.runtime = args.runtime or (0.5 if args.quick else 6)
     args.snap_sizes = [parse_size(s) for s in
                        (args.snap_sizes or ("32M,128M" if args.quick else "1G,4G")).split(",")]
-    args.snap_reps = args.snap_reps or (3 if args.quick else 5)
+    args.snap_reps = args.snap_reps or (3 if args.quick else 21)
     args.targets = [t for t in args.targets.split(",") if t] if not args.no_fio else []
     bad = [t for t in args.targets if t not in TARGETS + OPT_IN]
     try:
