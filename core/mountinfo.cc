@@ -124,6 +124,21 @@ std::optional<std::string> FindThinfsMount(std::span<const MountInfoEntry> mount
   return found;
 }
 
+std::optional<std::string> ThinfsPoolOnMountpoint(std::span<const MountInfoEntry> mounts,
+                                                  std::string_view mountpoint) {
+  const std::string prefix = ThinfsMountSource("");
+  std::optional<std::string> found;
+  for (const MountInfoEntry& m : mounts) {
+    if (m.mountpoint != mountpoint) continue;
+    // A later mount on the same point covers the earlier ones.
+    found.reset();
+    if (m.fstype == kThinfsFsType && m.source.starts_with(prefix)) {
+      found = m.source.substr(prefix.size());
+    }
+  }
+  return found;
+}
+
 std::optional<std::string> ThinfsMountOf(const std::string& pool) {
   char resolved[PATH_MAX];
   if (::realpath(pool.c_str(), resolved) == nullptr) return std::nullopt;

@@ -76,6 +76,13 @@ std::string ThinfsMountSource(std::string_view pool_root);
 std::optional<std::string> FindThinfsMount(std::span<const MountInfoEntry> mounts,
                                            std::string_view pool_root);
 
+// The inverse: the pool root (as the daemon named its mount) of the
+// kThinfsFsType mount on `mountpoint` (a real path), or nullopt when
+// `mountpoint` is not the mount point of a thinfs mount. With several
+// stacked there, the topmost (last) one: what the mount point shows.
+std::optional<std::string> ThinfsPoolOnMountpoint(std::span<const MountInfoEntry> mounts,
+                                                  std::string_view mountpoint);
+
 // FindThinfsMount for `pool` as the daemon names it (realpath), in this
 // process's mount namespace. nullopt on any error.
 std::optional<std::string> ThinfsMountOf(const std::string& pool);

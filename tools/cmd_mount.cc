@@ -29,16 +29,9 @@ int OpenLockOfMount(const std::string& mountpoint) {
   if (::realpath(mountpoint.c_str(), real) == nullptr) return -1;
   Result<std::vector<MountInfoEntry>> mounts = ReadMountInfo();
   if (!mounts.ok()) return -1;
-  const std::string prefix = ThinfsMountSource("");
-  for (const MountInfoEntry& m : *mounts) {
-    if (m.fstype != kThinfsFsType || m.mountpoint != real ||
-        m.source.compare(0, prefix.size(), prefix) != 0) {
-      continue;
-    }
-    const std::string lock = meta::PoolPaths::For(m.source.substr(prefix.size())).lock;
-    return ::open(lock.c_str(), O_RDONLY | O_CLOEXEC);
-  }
-  return -1;
+  std::optional<std::string> pool = ThinfsPoolOnMountpoint(*mounts, real);
+  if (!pool) return -1;
+  return ::open(meta::PoolPaths::For(*pool).lock.c_str(), O_RDONLY | O_CLOEXEC);
 }
 
 // Waits until the daemon holding `lock_fd`'s lock has let it go: after the

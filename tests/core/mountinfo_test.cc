@@ -135,6 +135,22 @@ TEST(MountInfoTest, NoneOrSeveralMatchesAreNotAnAnswer) {
   EXPECT_EQ(Find("garbage\n1 2 3\n", "/srv/pool"), std::nullopt);
 }
 
+TEST(MountInfoTest, FindsThePoolMountedOnAMountpoint) {
+  const std::vector<MountInfoEntry> m = ParseMountInfo(kTable);
+  EXPECT_EQ(ThinfsPoolOnMountpoint(m, "/srv/vols"), "/srv/pool");
+  EXPECT_EQ(ThinfsPoolOnMountpoint(m, "/mnt/my vols"), "/srv/my pool");
+  EXPECT_EQ(ThinfsPoolOnMountpoint(m, "/mnt/other"), std::nullopt) << "not fuse.thinfs";
+  EXPECT_EQ(ThinfsPoolOnMountpoint(m, "/mnt/plain"), std::nullopt) << "not fuse.thinfs";
+  EXPECT_EQ(ThinfsPoolOnMountpoint(m, "/"), std::nullopt);
+  EXPECT_EQ(ThinfsPoolOnMountpoint(m, "/srv"), std::nullopt) << "a parent, not the mount point";
+  // Stacked: the last mount on a point is the one it shows.
+  const std::string over = std::string(kTable) + "99 95 0:49 / /srv/vols rw - tmpfs none rw\n";
+  EXPECT_EQ(ThinfsPoolOnMountpoint(ParseMountInfo(over), "/srv/vols"), std::nullopt);
+  const std::string under = "95 22 0:49 / /srv/vols rw - tmpfs none rw\n"
+                            "96 95 0:45 / /srv/vols rw - fuse.thinfs thinfs:/srv/pool rw\n";
+  EXPECT_EQ(ThinfsPoolOnMountpoint(ParseMountInfo(under), "/srv/vols"), "/srv/pool");
+}
+
 TEST(MountInfoTest, ReadsAFileLongerThanOneRead) {
   // More than the reader's 16 KiB buffer, so that lines straddle reads.
   std::string text;
