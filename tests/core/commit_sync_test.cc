@@ -31,6 +31,13 @@ class CommitSyncTest : public ::testing::Test {
   // Power loss: what no sync made durable is gone.
   void PowerCut() { f.Crash(); }
 
+  // A new 16-block device "v", open (nullptr, with a failure, if not).
+  std::shared_ptr<Volume> NewVolume() {
+    Status s = pool_->CreateDevice("v", 16 * kBs).status();
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    return s.ok() ? testing::OpenOrFail(*pool_, "v") : nullptr;
+  }
+
   std::vector<std::byte> Read(const std::string& name, uint64_t off, size_t n) {
     std::shared_ptr<Volume> v = testing::OpenOrFail(*pool_, name);
     std::vector<std::byte> buf(n);
@@ -42,8 +49,7 @@ class CommitSyncTest : public ::testing::Test {
 };
 
 TEST_F(CommitSyncTest, SnapshotWithoutANewWriteSkipsTheDataSync) {
-  ASSERT_TRUE(pool_->CreateDevice("v", 16 * kBs).ok());
-  std::shared_ptr<Volume> v = testing::OpenOrFail(*pool_, "v");
+  std::shared_ptr<Volume> v = NewVolume();
   ASSERT_NE(v, nullptr);
   ASSERT_OK(v->Write(0, testing::Pattern(4 * kBs, 1)));
   ASSERT_OK(v->Flush());
@@ -58,8 +64,7 @@ TEST_F(CommitSyncTest, SnapshotWithoutANewWriteSkipsTheDataSync) {
 }
 
 TEST_F(CommitSyncTest, SnapshotAfterUnflushedWritesMakesThemDurable) {
-  ASSERT_TRUE(pool_->CreateDevice("v", 16 * kBs).ok());
-  std::shared_ptr<Volume> v = testing::OpenOrFail(*pool_, "v");
+  std::shared_ptr<Volume> v = NewVolume();
   ASSERT_NE(v, nullptr);
   ASSERT_OK(v->Write(0, testing::Pattern(4 * kBs, 2)));
   ASSERT_OK(v->Flush());
@@ -81,8 +86,7 @@ TEST_F(CommitSyncTest, SnapshotAfterUnflushedWritesMakesThemDurable) {
 }
 
 TEST_F(CommitSyncTest, ProvisionedZeroesAreSyncedByTheNextCommit) {
-  ASSERT_TRUE(pool_->CreateDevice("v", 16 * kBs).ok());
-  std::shared_ptr<Volume> v = testing::OpenOrFail(*pool_, "v");
+  std::shared_ptr<Volume> v = NewVolume();
   ASSERT_NE(v, nullptr);
   ASSERT_OK(v->Flush());
   const uint64_t syncs = data_->sync_count();
@@ -97,8 +101,7 @@ TEST_F(CommitSyncTest, ProvisionedZeroesAreSyncedByTheNextCommit) {
 // data_dirty set before the write, the racing commit would consume it and
 // the Flush would skip the sync.
 TEST_F(CommitSyncTest, InPlaceOverwriteRacingACommitIsDurableAfterTheNextFlush) {
-  ASSERT_TRUE(pool_->CreateDevice("v", 16 * kBs).ok());
-  std::shared_ptr<Volume> v = testing::OpenOrFail(*pool_, "v");
+  std::shared_ptr<Volume> v = NewVolume();
   ASSERT_NE(v, nullptr);
   ASSERT_OK(v->Write(0, testing::Pattern(kBs, 5)));
   ASSERT_OK(v->Flush());
