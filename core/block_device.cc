@@ -29,6 +29,40 @@ Status BlockDevice::WriteZeroes(PoolBlock block, uint64_t count) {
   return Status::Ok();
 }
 
+Status BlockDevice::Copy(PoolBlock from, PoolBlock to, uint64_t offset, uint64_t len) {
+  std::vector<std::byte> buf(std::min<uint64_t>(len, 1 << 20));
+  for (uint64_t done = 0; done < len; done += buf.size()) {
+    const uint64_t n = std::min<uint64_t>(buf.size(), len - done);
+    std::span<std::byte> part(buf.data(), n);
+    THINFS_RETURN_IF_ERROR(Read(from, offset + done, part));
+    THINFS_RETURN_IF_ERROR(Write(to, offset + done, part));
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// Whether files in `dir` can be reflinked at `align`-byte granularity:
+// clones the first `align` bytes of a scratch O_TMPFILE to its second.
+bool DirectoryClones(const std::string& dir, uint64_t align) {
+  const int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  std::vector<char> page(align, 't');
+  bool ok = ::pwrite(fd, page.data(), page.size(), 0) == static_cast<ssize_t>(page.size());
+  if (ok) {
+    file_clone_range r{};
+    r.src_fd = fd;
+    r.src_offset = 0;
+    r.src_length = align;
+    r.dest_offset = align;
+    ok = ::ioctl(fd, FICLONERANGE, &r) == 0;
+  }
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<FileBlockDevice>> FileBlockDevice::Open(const std::string& path,
                                                                const Geometry& geometry,
                                                                bool direct, bool read_only) {
@@ -43,7 +77,14 @@ Result<std::unique_ptr<FileBlockDevice>> FileBlockDevice::Open(const std::string
     return s;
   }
   bool is_blockdev = S_ISBLK(st.st_mode);
-  return std::unique_ptr<FileBlockDevice>(new FileBlockDevice(fd, geometry, direct, is_blockdev));
+  std::unique_ptr<FileBlockDevice> dev(new FileBlockDevice(fd, geometry, direct, is_blockdev));
+  if (!is_blockdev && !read_only) {
+    dev->clone_align_ = std::max<uint64_t>(static_cast<uint64_t>(st.st_blksize), 512);
+    const size_t slash = path.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+    dev->clone_.store(DirectoryClones(dir, dev->clone_align_));
+  }
+  return dev;
 }
 
 FileBlockDevice::~FileBlockDevice() { ::close(fd_); }
@@ -171,6 +212,40 @@ void FileBlockDevice::Prefetch(PoolBlock block, uint64_t count) {
   // A hint: its failure changes nothing but speed.
   (void)::posix_fadvise(fd_, static_cast<off_t>(block.value * bs), static_cast<off_t>(count * bs),
                         POSIX_FADV_WILLNEED);
+}
+
+Status FileBlockDevice::Copy(PoolBlock from, PoolBlock to, uint64_t offset, uint64_t len) {
+  const uint64_t src = geometry_.BytesOf(from.value) + offset;
+  const uint64_t dst = geometry_.BytesOf(to.value) + offset;
+  // The part of the range where source and destination are both on the
+  // file system's block boundaries can be shared; the edges are copied.
+  const uint64_t head = std::min(len, (clone_align_ - src % clone_align_) % clone_align_);
+  const uint64_t middle = (len - head) / clone_align_ * clone_align_;
+  if (!clone_.load(std::memory_order_relaxed) || middle == 0 || (dst + head) % clone_align_ != 0) {
+    return BlockDevice::Copy(from, to, offset, len);
+  }
+  file_clone_range r{};
+  r.src_fd = fd_;
+  r.src_offset = src + head;
+  r.src_length = middle;
+  r.dest_offset = dst + head;
+  int rc;
+  do {
+    rc = ::ioctl(fd_, FICLONERANGE, &r);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    if (errno != EOPNOTSUPP && errno != ENOTTY && errno != EXDEV && errno != EINVAL &&
+        errno != ENOSYS) {
+      return Status::FromErrno(errno, "clone data");
+    }
+    // The scratch file could, this one cannot after all: copy from now on.
+    clone_.store(false, std::memory_order_relaxed);
+    return BlockDevice::Copy(from, to, offset, len);
+  }
+  if (head != 0) THINFS_RETURN_IF_ERROR(BlockDevice::Copy(from, to, offset, head));
+  const uint64_t tail = head + middle;
+  if (tail < len) THINFS_RETURN_IF_ERROR(BlockDevice::Copy(from, to, offset + tail, len - tail));
+  return Status::Ok();
 }
 
 Status FileBlockDevice::Discard(PoolBlock block, uint64_t count) {

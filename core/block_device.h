@@ -1,9 +1,9 @@
 // BlockDevice: the pool's data area, block n at byte n * block_size.
 //
 // Implementations: FileBlockDevice (a regular file or a block device, pread/
-// pwrite, optional O_DIRECT), MemBlockDevice (tests) and
-// FaultInjectionBlockDevice (tests: drops unsynced writes, fails the Nth
-// I/O, tears writes).
+// pwrite, optional O_DIRECT, copies reflinked where the file system can),
+// MemBlockDevice (tests) and FaultInjectionBlockDevice (tests: drops
+// unsynced writes, fails the Nth I/O, tears writes).
 //
 // Contract in syscall terms: Read behaves like pread(2) of whole requested
 // bytes, Write like pwrite(2) of all bytes, Sync like fdatasync(2): every
@@ -18,6 +18,7 @@
 #ifndef THINFS_CORE_BLOCK_DEVICE_H_
 #define THINFS_CORE_BLOCK_DEVICE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -68,6 +69,18 @@ class BlockDevice {
   // default does nothing.
   virtual void Prefetch(PoolBlock block, uint64_t count);
 
+  // Copies bytes [offset, offset + len) of block `from` to the same bytes of
+  // block `to`, like Read then Write of them; durable after Sync() like a
+  // write. Where the file system can share the data instead (a reflink:
+  // FICLONERANGE on XFS or btrfs), no data is read or written. The default
+  // reads and writes through a buffer.
+  // REQUIRES: from != to; offset + len <= block_size.
+  virtual Status Copy(PoolBlock from, PoolBlock to, uint64_t offset, uint64_t len);
+
+  // Whether Copy() shares data rather than reading and writing it: then
+  // prefetching a copy's source is wasted I/O. The default is false.
+  virtual bool SharesCopies() const { return false; }
+
   // The geometry at open; Grow() extends the addressable blocks beyond
   // geometry().data_blocks() without changing it.
   virtual const Geometry& geometry() const = 0;
@@ -94,6 +107,11 @@ class FileBlockDevice final : public BlockDevice {
   Status Grow(uint64_t new_data_blocks) override;
   // Starts reading into the page cache; nothing with O_DIRECT.
   void Prefetch(PoolBlock block, uint64_t count) override;
+  // A reflink (FICLONERANGE) of the 4 KiB-aligned part of the range where
+  // the data file's file system supports it (found at Open by cloning
+  // within a scratch O_TMPFILE next to it), pread/pwrite for the rest.
+  Status Copy(PoolBlock from, PoolBlock to, uint64_t offset, uint64_t len) override;
+  bool SharesCopies() const override { return clone_.load(std::memory_order_relaxed); }
   const Geometry& geometry() const override { return geometry_; }
 
   // A regular file that Grow() must not extend (one the user gave with
@@ -112,6 +130,9 @@ class FileBlockDevice final : public BlockDevice {
   const bool direct_;
   const bool is_blockdev_;
   bool fixed_size_ = false;  // set before use, read-only after
+  // Copy() may reflink. Cleared if the file system refuses one after all.
+  std::atomic<bool> clone_{false};
+  uint64_t clone_align_ = 4096;  // the file system's block size
 };
 
 }  // namespace thinfs

@@ -66,12 +66,9 @@ Status DeferredCopies::WriteLocked(Owed& o, uint64_t offset, std::span<const std
   const uint64_t end = offset + buf.size();
   const uint64_t first = SectorOf(offset);
   const uint64_t last = SectorOf(end - 1);
-  std::vector<std::byte> tmp;
   // Copies [from, to) of the source into the block.
   auto copy = [&](uint64_t from, uint64_t to) -> Status {
-    tmp.resize(to - from);
-    THINFS_RETURN_IF_ERROR(data_->Read(o.source, from, tmp));
-    return data_->Write(o.block, from, tmp);
+    return data_->Copy(o.source, o.block, from, to - from);
   };
   for (uint64_t k : {first, last}) {
     if (o.written & Bit(k)) continue;
@@ -152,10 +149,15 @@ void DeferredCopies::Drop(PoolBlock block) {
 
 Status DeferredCopies::CompleteLocked(Owed& o, std::vector<std::byte>* scratch) {
   o.mu.AssertHeld();
-  // One read of the whole source block: sequential in source order, which
-  // is how CompleteAll goes; then only the sectors still owed are written.
-  scratch->resize(block_size_);
-  THINFS_RETURN_IF_ERROR(data_->Read(o.source, 0, *scratch));
+  // Where copies share data, each run of owed sectors is one Copy();
+  // otherwise one read of the whole source block (sequential in source
+  // order, which is how CompleteAll goes), then only the sectors still owed
+  // are written.
+  const bool share = data_->SharesCopies();
+  if (!share) {
+    scratch->resize(block_size_);
+    THINFS_RETURN_IF_ERROR(data_->Read(o.source, 0, *scratch));
+  }
   uint64_t k = 0;
   while (k < sectors_) {
     if (o.written & Bit(k)) {
@@ -167,7 +169,9 @@ Status DeferredCopies::CompleteLocked(Owed& o, std::vector<std::byte>* scratch) 
     const uint64_t from = k * sector_;
     const uint64_t to = SectorEnd(j - 1);
     THINFS_RETURN_IF_ERROR(
-        data_->Write(o.block, from, std::span<const std::byte>(*scratch).subspan(from, to - from)));
+        share ? data_->Copy(o.source, o.block, from, to - from)
+              : data_->Write(o.block, from,
+                             std::span<const std::byte>(*scratch).subspan(from, to - from)));
     k = j;
   }
   o.written = all_;
@@ -185,8 +189,8 @@ Status DeferredCopies::CompleteAll() {
             [](const auto& a, const auto& b) { return a->source.value < b->source.value; });
   // Every source read is started before the first is waited for: the disk
   // sees them all at once, not one at a time. Neighbours merge into one
-  // hint.
-  for (size_t i = 0; i < owed.size();) {
+  // hint. (Nothing is read where copies share data.)
+  for (size_t i = 0; i < owed.size() && !data_->SharesCopies();) {
     size_t j = i + 1;
     while (j < owed.size() && owed[j]->source.value <= owed[j - 1]->source.value + 1) ++j;
     data_->Prefetch(owed[i]->source, owed[j - 1]->source.value - owed[i]->source.value + 1);

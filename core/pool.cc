@@ -641,6 +641,16 @@ struct Pool::Impl {
       n_cow.fetch_add(1, std::memory_order_relaxed);
       s = copies.Start(p, before.value.block, off, buf);
       if (copies.size() * 2 >= copies.capacity()) WakeCommitter();
+    } else if (before.mapped() && data->SharesCopies() && !copies.Owes(before.value.block)) {
+      // Copy-on-write now, where the copy shares data (a reflink): the
+      // bytes around the write are shared with the old block, never read.
+      n_cow.fetch_add(1, std::memory_order_relaxed);
+      const PoolBlock from = before.value.block;
+      s = off == 0 ? Status::Ok() : data->Copy(from, p, 0, off);
+      if (s.ok() && off + buf.size() < bs) {
+        s = data->Copy(from, p, off + buf.size(), bs - off - buf.size());
+      }
+      if (s.ok()) s = data->Write(p, off, buf);
     } else {
       std::vector<std::byte> block(bs);
       if (before.mapped()) {

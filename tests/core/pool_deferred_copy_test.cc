@@ -77,6 +77,40 @@ TEST(PoolDeferredCopyTest, PartialWriteIntoASnapshotCopiesAtTheCommit) {
   t.f.CheckConsistency(false);
 }
 
+// Where the data device shares copies (a reflink), copy-on-write never
+// reads the old block itself, whether the copy is owed to the commit or
+// made at once: it asks the device to copy. Same contents either way.
+TEST(PoolDeferredCopyTest, CopiesThatShareDataReadNothing) {
+  for (uint64_t budget : {uint64_t{256} << 20, uint64_t{0}}) {
+    SCOPED_TRACE(budget == 0 ? "copied at once" : "owed to the commit");
+    for (bool share : {false, true}) {
+      SCOPED_TRACE(share ? "device shares copies" : "device copies data");
+      PoolOptions options = EngineFixture::DefaultOptions();
+      options.deferred_copy_bytes = budget;
+      SnapFixture t(options);
+      t.f.data_forwarder->shares_copies = share;
+      t.f.data_forwarder->reads = 0;
+      std::vector<std::byte> snap = t.origin;
+      t.Write("s", kBs + 8192, 4096, 2, &snap);  // whole sectors
+      t.Write("s", 2 * kBs + 5000, 3000, 3, &snap);  // parts of two sectors
+      t.Write("s", 3 * kBs, kBs - 1, 4, &snap);  // all but one byte
+      ASSERT_OK(t.f.pool->Commit());
+      if (share) {
+        EXPECT_EQ(t.f.data_forwarder->reads.load(), 0u);
+      } else {
+        EXPECT_GT(t.f.data_forwarder->reads.load(), 0u);
+      }
+      EXPECT_EQ(t.f.pool->Stats().cow_copies, 3u);
+      for (uint64_t b = 1; b < 4; ++b) {
+        EXPECT_EQ(t.RawBlock("s", b), Slice(snap, b * kBs, kBs)) << "block " << b;
+      }
+      EXPECT_EQ(t.f.ReadAll("s"), snap);
+      EXPECT_EQ(t.f.ReadAll("o"), t.origin);
+      t.f.CheckConsistency(false);
+    }
+  }
+}
+
 // The copy is made before the commit's data sync: a power cut right after
 // the commit keeps the whole block. (Copied after the sync, or not at all,
 // the unwritten sectors of the new block would read as zeros here.)

@@ -4,6 +4,7 @@
 #ifndef THINFS_TESTS_UTIL_FORWARDING_H_
 #define THINFS_TESTS_UTIL_FORWARDING_H_
 
+#include <atomic>
 #include <functional>
 #include <utility>
 
@@ -16,7 +17,10 @@ namespace thinfs::testing {
 class ForwardingBlockDevice final : public BlockDevice {
  public:
   explicit ForwardingBlockDevice(BlockDevice* t) : t_(t) {}
-  Status Read(PoolBlock b, uint64_t o, std::span<std::byte> buf) override { return t_->Read(b, o, buf); }
+  Status Read(PoolBlock b, uint64_t o, std::span<std::byte> buf) override {
+    reads.fetch_add(1, std::memory_order_relaxed);
+    return t_->Read(b, o, buf);
+  }
   Status Write(PoolBlock b, uint64_t o, std::span<const std::byte> buf) override {
     if (before_write) {
       std::function<void()> hook = std::move(before_write);
@@ -29,6 +33,10 @@ class ForwardingBlockDevice final : public BlockDevice {
   Status Discard(PoolBlock b, uint64_t n) override { return t_->Discard(b, n); }
   Status WriteZeroes(PoolBlock b, uint64_t n) override { return t_->WriteZeroes(b, n); }
   void Prefetch(PoolBlock b, uint64_t n) override { t_->Prefetch(b, n); }
+  Status Copy(PoolBlock from, PoolBlock to, uint64_t o, uint64_t n) override {
+    return t_->Copy(from, to, o, n);
+  }
+  bool SharesCopies() const override { return shares_copies || t_->SharesCopies(); }
   Status Grow(uint64_t n) override { return t_->Grow(n); }
   const Geometry& geometry() const override { return t_->geometry(); }
 
@@ -36,6 +44,12 @@ class ForwardingBlockDevice final : public BlockDevice {
   // (a test's way to act in the middle of an engine write). Set it only
   // while no write is running.
   std::function<void()> before_write;
+  // Reads that reached the device through this forwarder (not those a
+  // Copy() makes inside the target).
+  std::atomic<uint64_t> reads{0};
+  // Claim that copies share data, like a reflinking file system: the
+  // engine then never reads a copy's source itself.
+  bool shares_copies = false;
 
  private:
   BlockDevice* const t_;
