@@ -9,7 +9,8 @@ PACKAGES=(
   librocksdb-dev libxxhash-dev libboost-program-options-dev libexpat1-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   fio e2fsprogs util-linux thin-provisioning-tools
-  qemu-system-common qemu-utils btrfs-progs gnuplot-nox ministat  # bench/fio_compare.py's peers
+  qemu-system-common qemu-utils btrfs-progs gnuplot-nox ministat  # bench/fio_compare.py's peers (btrfs also: tests/e2e/reflink_host_test.cc)
+  xfsprogs  # a reflinking host for the pool (docs/benchmarks.md, lever 11)
   clang
 )
 
