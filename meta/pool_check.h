@@ -23,6 +23,11 @@
 //     through one would change the others); each current-epoch version of
 //     a shared block carries MapValue::kMaybeShared (else the engine would
 //     overwrite it in place);
+//   - mapped-block counts: each live device's mapped_blocks (st_blocks of
+//     its file, what du shows) equals the blocks it reads from the data
+//     area, its own versions and its parent chain's resolved over its size
+//     (like thin_check's mapped-blocks check of the device details), counted
+//     over the map as repair leaves it;
 //   - leaks: blocks allocated in the space map that no version names
 //     (warnings: reclaimable, expected after a crash).
 //
@@ -41,6 +46,8 @@
 //     counts, before the space map is rebuilt;
 //   - sets every refcount entry to the exact count, drops the rest, and
 //     flags current-epoch versions of shared blocks kMaybeShared;
+//   - sets each live device's mapped_blocks to the blocks it reads once the
+//     map is repaired (a version made a tombstone no longer counts);
 //   - marks a hidden device with nothing left to hide for as deleting;
 //   - rebuilds the space map from the block map (reclaiming leaks) and
 //     marks it clean at the new transaction id.
