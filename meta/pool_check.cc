@@ -12,6 +12,7 @@
 
 #include "core/pool.h"
 #include "core/resolved_walk.h"
+#include "core/vector_map_iterator.h"
 #include "meta/pool_dir.h"
 
 namespace thinfs::meta {
@@ -620,10 +621,24 @@ class Checker {
     if (!devices_ok_ || !map_complete_) return Status::Ok();
     ResolvedWalk::DeviceIndex index;
     for (const auto& [id, d] : devices_) index[id] = &d;
-    const ResolvedWalk::IteratorFactory new_iterator = [this] {
+    const ResolvedWalk::IteratorFactory patched = [this] {
       return std::make_unique<PatchedMapIterator>(
           store_->NewMapIteratorSkippingDamaged([](const DamagedMapRecord&) {}), &patches_);
     };
+    // Every device walks its whole chain: N snapshots of an origin read the
+    // origin's entries N times. From a copy in memory (as thinfs list) a
+    // step costs nanoseconds, through RocksDB iterators about 0.4 us.
+    std::vector<MapEntry> copy;
+    ResolvedWalk::IteratorFactory new_iterator = patched;
+    if (r_->mappings + patches_.size() <= options_.max_map_entries_in_memory) {
+      copy.reserve(r_->mappings + patches_.size());
+      std::unique_ptr<MapIterator> it = patched();
+      for (it->Seek(VolumeId(0), VolumeBlock(0)); it->Valid(); it->Next()) {
+        copy.push_back(it->entry());
+      }
+      THINFS_RETURN_IF_ERROR(it->status());
+      new_iterator = [&copy] { return std::make_unique<VectorMapIterator>(&copy); };
+    }
     uint64_t n = 0;
     for (const auto& [id, d] : devices_) {
       Progress("mapped counts", n++, devices_.size());

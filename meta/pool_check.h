@@ -98,6 +98,10 @@ struct CheckOptions {
   std::function<void(const char* phase, uint64_t done, uint64_t total)> progress;
   // Findings listed per severity; the rest are only counted.
   size_t max_listed = 1000;
+  // The mapped-block counts walk a copy of the block map in memory (about
+  // 40 bytes an entry) when it has at most this many entries, else the
+  // store's iterators (slower: every device walks its whole chain).
+  size_t max_map_entries_in_memory = size_t{4} << 20;
 };
 
 struct CheckReport {
