@@ -12,6 +12,7 @@
 #include "core/check.h"
 #include "core/deferred_copy.h"
 #include "core/map_cache.h"
+#include "core/mapping_walk.h"
 #include "core/mutex.h"
 #include "core/transaction.h"
 
@@ -1981,17 +1982,55 @@ Status Pool::ShareRange(VolumeId src_id, uint64_t src_offset, VolumeId dst_id,
       uint64_t head_end = std::min(end, g.BytesOf(g.BlocksFor(off)));
       THINFS_RETURN_IF_ERROR(copy_bytes(off, head_end - off));
       uint64_t whole_end = std::max(head_end, g.BytesOf(g.BlockOf(end)));
+      const uint64_t limit = g.BlockOf(whole_end);
+      // Changed only here and by resize, both with dst's io_mu exclusive.
+      const uint64_t old_limit = dst->parent_limit.load();
+      // mapped_blocks gains the blocks dst comes to read from src in
+      // [old_limit, limit), exactly (thinfs check verifies it), counted
+      // first and applied with the limit, so that no commit records one
+      // without the other. A fresh copy of all of src's whole blocks reads
+      // what src reads but a partial last block: O(1) from src's count. A
+      // piece of a larger copy commits, then counts in one ordered pass over
+      // the committed map what src maps in the range, less the blocks dst
+      // has its own version of (edge blocks of earlier pieces); point
+      // lookups per block would cost seconds for a piece of 2 GiB.
+      int64_t shown = 0;
+      if (limit > old_limit) {
+        const uint64_t src_blocks = g.BlocksFor(ssize);
+        if (fresh && limit + 1 >= src_blocks) {
+          shown = src->mapped.load();
+          for (uint64_t b = limit; b < src_blocks; ++b) {
+            THINFS_ASSIGN_OR_RETURN(Resolved r, p.Resolve(*src, b));
+            if (r.mapped()) --shown;
+          }
+        } else {
+          // src reads at its committed epoch what dst reads at
+          // parent_epoch: nothing was written to it since (write_gen).
+          THINFS_RETURN_IF_ERROR(p.Commit());
+          std::set<uint64_t> own;
+          std::unique_ptr<MapIterator> it = p.store->NewMapIterator();
+          for (it->Seek(dst->id, VolumeBlock(old_limit));
+               it->Valid() && it->entry().device == dst->id && it->entry().vblock.value < limit;
+               it->Next()) {
+            own.insert(it->entry().vblock.value);
+          }
+          THINFS_RETURN_IF_ERROR(it->status());
+          THINFS_ASSIGN_OR_RETURN(MappingWalk walk, MappingWalk::Open(p.store.get()));
+          THINFS_RETURN_IF_ERROR(
+              walk.ForEach(src->id, old_limit, limit, [&](const ResolvedMapping& m) {
+                if (!own.count(m.vblock.value)) ++shown;
+                return Status::Ok();
+              }));
+        }
+      }
       {
         ReaderLock swap(&p.swap_mu);
         MutexLock d(&p.devices_mu);
-        uint64_t limit = g.BlockOf(whole_end);
-        if (limit > dst->parent_limit.load()) {
+        if (limit > old_limit) {
           dst->parent_limit.store(limit);
           dst->map_gen.fetch_add(1, std::memory_order_release);
+          dst->mapped.fetch_add(shown);
         }
-        // mapped_blocks: exact once the whole device is covered, else an
-        // upper bound until then.
-        dst->mapped.store(std::min<int64_t>(src->mapped.load(), static_cast<int64_t>(limit)));
         dst->dirty.store(true);
       }
       THINFS_RETURN_IF_ERROR(copy_bytes(whole_end, end - whole_end));

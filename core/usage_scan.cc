@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/resolved_walk.h"
+#include "core/vector_map_iterator.h"
 
 namespace thinfs {
 
@@ -15,27 +16,6 @@ namespace {
 bool Live(const DeviceRecord& r) {
   return (r.flags & (DeviceRecord::kHidden | DeviceRecord::kDeleting)) == 0;
 }
-
-// MapIterator over a sorted copy of the map.
-class VectorMapIterator final : public MapIterator {
- public:
-  explicit VectorMapIterator(const std::vector<MapEntry>* entries) : entries_(entries) {}
-  bool Valid() const override { return pos_ < entries_->size(); }
-  const MapEntry& entry() const override { return (*entries_)[pos_]; }
-  void Next() override { ++pos_; }
-  void Seek(VolumeId device, VolumeBlock vblock) override {
-    auto it = std::lower_bound(entries_->begin(), entries_->end(), std::make_pair(device, vblock),
-                               [](const MapEntry& e, const std::pair<VolumeId, VolumeBlock>& k) {
-                                 return std::make_pair(e.device, e.vblock) < k;
-                               });
-    pos_ = static_cast<size_t>(it - entries_->begin());
-  }
-  Status status() const override { return Status::Ok(); }
-
- private:
-  const std::vector<MapEntry>* const entries_;
-  size_t pos_ = 0;
-};
 
 // Copies the whole map, in iteration order; false when it has more than
 // `max` entries.

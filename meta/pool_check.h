@@ -23,6 +23,11 @@
 //     through one would change the others); each current-epoch version of
 //     a shared block carries MapValue::kMaybeShared (else the engine would
 //     overwrite it in place);
+//   - mapped-block counts: each live device's mapped_blocks (st_blocks of
+//     its file, what du shows) equals the blocks it reads from the data
+//     area, its own versions and its parent chain's resolved over its size
+//     (like thin_check's mapped-blocks check of the device details), counted
+//     over the map as repair leaves it;
 //   - leaks: blocks allocated in the space map that no version names
 //     (warnings: reclaimable, expected after a crash).
 //
@@ -41,6 +46,8 @@
 //     counts, before the space map is rebuilt;
 //   - sets every refcount entry to the exact count, drops the rest, and
 //     flags current-epoch versions of shared blocks kMaybeShared;
+//   - sets each live device's mapped_blocks to the blocks it reads once the
+//     map is repaired (a version made a tombstone no longer counts);
 //   - marks a hidden device with nothing left to hide for as deleting;
 //   - rebuilds the space map from the block map (reclaiming leaks) and
 //     marks it clean at the new transaction id.
@@ -91,6 +98,10 @@ struct CheckOptions {
   std::function<void(const char* phase, uint64_t done, uint64_t total)> progress;
   // Findings listed per severity; the rest are only counted.
   size_t max_listed = 1000;
+  // The mapped-block counts walk a copy of the block map in memory (about
+  // 40 bytes an entry) when it has at most this many entries, else the
+  // store's iterators (slower: every device walks its whole chain).
+  size_t max_map_entries_in_memory = size_t{4} << 20;
 };
 
 struct CheckReport {

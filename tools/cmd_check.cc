@@ -206,16 +206,19 @@ int RunCheck(const std::vector<std::string>& args) {
                  "(parents exist, ancestry acyclic, parent epochs, names unique), and the\n"
                  "whole block map: every referenced block inside the data area and\n"
                  "allocated in the bitmap, reference counts exact, no block named by two\n"
-                 "versions unless counted as shared. Blocks allocated but unreferenced are\n"
-                 "leaks: warnings, reclaimed by --repair. Each problem is reported on its\n"
-                 "own line with the device, vblock, epoch and pool block involved.\n\n"
+                 "versions unless counted as shared, and each live device's mapped-block\n"
+                 "count (st_blocks of its file) equal to the blocks it reads from the data\n"
+                 "area. Blocks allocated but unreferenced are leaks: warnings, reclaimed\n"
+                 "by --repair. Each problem is reported on its own line with the device,\n"
+                 "vblock, epoch and pool block involved.\n\n"
                  "With --repair (pool not mounted), like thin_repair: rebuilds the bitmap\n"
                  "from the block map (reclaiming leaks; a damaged bitmap is kept as\n"
                  "bitmap.damaged), drops versions no device can read, turns mappings\n"
                  "outside the data area into holes, turns map records that cannot be\n"
                  "decoded into holes (their data is lost, as with thin_repair; each was\n"
                  "reported, and the rest of the map was checked past it), sets reference\n"
-                 "counts to the exact values, reports every change and checks again. A\n"
+                 "counts and mapped-block counts to the exact values (as the map is left:\n"
+                 "a hole no longer counts), reports every change and checks again. A\n"
                  "damaged superblock, device record or RocksDB file is reported and left.");
   cl.Positional("POOL", "pool directory");
   cl.AddOptions()

@@ -68,16 +68,45 @@ class PoolCheckTest : public ::testing::Test {
     b.refcounts.emplace_back(PoolBlock(block), n);
     ASSERT_OK(store_->Commit(b, true));
   }
+  // Device `dev`'s record.
+  DeviceRecord Load(uint64_t dev) {
+    Result<std::vector<DeviceRecord>> devs = store_->LoadDevices();
+    EXPECT_TRUE(devs.ok()) << devs.status().ToString();
+    if (devs.ok()) {
+      for (const DeviceRecord& d : *devs) {
+        if (d.id.value == dev) return d;
+      }
+    }
+    ADD_FAILURE() << "no device " << dev;
+    return DeviceRecord();
+  }
+  uint64_t MappedBlocks(uint64_t dev) { return Load(dev).mapped_blocks; }
+  // Adds `n` to device `dev`'s mapped_blocks, as the engine does when a
+  // version it installs makes one more block read from the data area.
+  void AddMapped(uint64_t dev, uint64_t n) {
+    DeviceRecord d = Load(dev);
+    d.mapped_blocks += n;
+    Put(d);
+  }
+
   // A consistent pool: origin 1 at epoch 1 with snapshot 2 reading it at
   // epoch 0, and device 3 sharing block 5 with the origin's block 1.
+  // Mapped blocks: the origin reads vblocks 0 and 1, the snapshot vblock 0
+  // (epoch 0 of the origin; its own vblock 3 is a tombstone), device 3
+  // vblock 2.
   void BuildHealthy() {
-    Put(Device(1, "origin", 1));
+    DeviceRecord origin = Device(1, "origin", 1);
+    origin.mapped_blocks = 2;
+    Put(origin);
     DeviceRecord snap = Device(2, "snap", 0);
     snap.has_parent = true;
     snap.parent = VolumeId(1);
     snap.parent_epoch = 0;
+    snap.mapped_blocks = 1;
     Put(snap);
-    Put(Device(3, "copy", 0));
+    DeviceRecord copy = Device(3, "copy", 0);
+    copy.mapped_blocks = 1;
+    Put(copy);
     Map(1, 0, 0, 4);
     Map(1, 0, 1, 7);
     Map(1, 1, 1, 5, MapValue::kMaybeShared);
@@ -89,6 +118,7 @@ class PoolCheckTest : public ::testing::Test {
   CheckReport Check(bool repair = false) {
     CheckOptions o;
     o.repair = repair;
+    o.max_map_entries_in_memory = max_map_entries_in_memory_;
     Result<CheckReport> r = CheckPool(store_.get(), &space_, o);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     return r.ok() ? *r : CheckReport();
@@ -124,6 +154,7 @@ class PoolCheckTest : public ::testing::Test {
 
   MemSpaceMap space_;
   std::unique_ptr<MetadataStore> store_;
+  size_t max_map_entries_in_memory_ = CheckOptions().max_map_entries_in_memory;
 };
 
 TEST_F(PoolCheckTest, HealthyPoolIsClean) {
@@ -146,8 +177,16 @@ TEST_F(PoolCheckTest, HealthyPoolIsClean) {
 TEST_F(PoolCheckTest, MappingOutsideTheDataArea) {
   BuildHealthy();
   Map(3, 9, 0, kBlocks + 3);
+  AddMapped(3, 1);  // the engine counted it when it installed the version
   CheckReport r = Check();
-  EXPECT_EQ(r.error_count, 1u) << Dump(r);
+  // The version, and the count that assumes the tombstone repair makes.
+  EXPECT_EQ(r.error_count, 2u) << Dump(r);
+  const CheckFinding* count = Find(r, "device-mapped-blocks-wrong");
+  ASSERT_NE(count, nullptr) << Dump(r);
+  EXPECT_EQ(count->device, 3u);
+  EXPECT_NE(count->message.find("device 3 'copy': mapped_blocks is 2 but it reads 1 blocks"),
+            std::string::npos)
+      << count->message;
   const CheckFinding* f = Find(r, "mapping-outside-data-area");
   ASSERT_NE(f, nullptr) << Dump(r);
   EXPECT_EQ(f->device, 3u);
@@ -162,11 +201,83 @@ TEST_F(PoolCheckTest, MappingOutsideTheDataArea) {
   auto v = store_->FindVersion(VolumeId(3), VolumeBlock(9), 0);
   ASSERT_TRUE(v.ok() && v->has_value());
   EXPECT_TRUE((*v)->value.tombstone()) << "the block reads zeros, not an older version";
+  EXPECT_EQ(MappedBlocks(3), 1u) << "the tombstone reads zeros: one block fewer";
+  EXPECT_EQ(MappedBlocks(1), 2u);
+  EXPECT_EQ(MappedBlocks(2), 1u);
+}
+
+// The count that changes is that of the devices reading the version: here
+// not its owner (which reads a newer one) but the snapshot below it.
+TEST_F(PoolCheckTest, ATombstoneInAnOldEpochLowersTheSnapshotsCount) {
+  BuildHealthy();
+  Map(1, 5, 0, kBlocks + 1);  // read by the snapshot (origin epoch 0)...
+  Map(1, 5, 1, 9);            // ...while the origin reads its epoch-1 version
+  AddMapped(1, 1);
+  AddMapped(2, 1);
+  CheckReport r = Check();
+  EXPECT_EQ(r.error_count, 2u) << Dump(r);
+  ASSERT_NE(Find(r, "mapping-outside-data-area"), nullptr) << Dump(r);
+  const CheckFinding* count = Find(r, "device-mapped-blocks-wrong");
+  ASSERT_NE(count, nullptr) << Dump(r);
+  EXPECT_EQ(count->device, 2u);
+  EXPECT_NE(count->message.find("mapped_blocks is 2 but it reads 1 blocks"), std::string::npos)
+      << count->message;
+  RepairAndExpectClean();
+  EXPECT_EQ(MappedBlocks(1), 3u);
+  EXPECT_EQ(MappedBlocks(2), 1u);
+}
+
+// Only the counter is wrong: check reports it, repair sets it, and the
+// other devices are left alone.
+TEST_F(PoolCheckTest, WrongMappedBlocksCounter) {
+  BuildHealthy();
+  DeviceRecord origin = Load(1);
+  origin.mapped_blocks = 7;
+  Put(origin);
+  DeviceRecord copy = Load(3);
+  copy.mapped_blocks = 0;
+  Put(copy);
+  CheckReport r = Check();
+  EXPECT_EQ(r.error_count, 2u) << Dump(r);
+  EXPECT_FALSE(r.clean());
+  std::vector<const CheckFinding*> counts;
+  for (const CheckFinding& f : r.findings) {
+    if (f.kind == "device-mapped-blocks-wrong") counts.push_back(&f);
+  }
+  ASSERT_EQ(counts.size(), 2u) << Dump(r);
+  EXPECT_EQ(counts[0]->device, 1u);
+  EXPECT_EQ(counts[0]->severity, CheckFinding::Severity::kError);
+  EXPECT_NE(counts[0]->message.find("device 1 'origin': mapped_blocks is 7 but it reads 2 blocks"),
+            std::string::npos)
+      << counts[0]->message;
+  EXPECT_EQ(counts[1]->device, 3u);
+  EXPECT_NE(counts[1]->message.find("mapped_blocks is 0 but it reads 1 blocks"), std::string::npos)
+      << counts[1]->message;
+  EXPECT_EQ(MappedBlocks(1), 7u) << "plain check changes nothing";
+  RepairAndExpectClean();
+  EXPECT_EQ(MappedBlocks(1), 2u);
+  EXPECT_EQ(MappedBlocks(2), 1u);
+  EXPECT_EQ(MappedBlocks(3), 1u);
+}
+
+// Hidden devices are not counted: the collector drops the versions no
+// child reads without recounting, and nothing reads their count.
+TEST_F(PoolCheckTest, HiddenDevicesCountsAreNotChecked) {
+  BuildHealthy();
+  DeviceRecord origin = Load(1);
+  origin.name.clear();
+  origin.flags = DeviceRecord::kHidden;
+  origin.mapped_blocks = 40;
+  Put(origin);
+  CheckReport r = Check();
+  EXPECT_EQ(r.error_count, 0u) << Dump(r);
+  EXPECT_EQ(r.warning_count, 0u) << Dump(r);
 }
 
 TEST_F(PoolCheckTest, MappedBlockFreeInTheSpaceMap) {
   BuildHealthy();
   Map(3, 4, 0, 20, 0, /*allocate=*/false);
+  AddMapped(3, 1);
   CheckReport r = Check();
   EXPECT_EQ(r.error_count, 1u) << Dump(r);
   const CheckFinding* f = Find(r, "block-not-allocated");
@@ -242,6 +353,7 @@ TEST_F(PoolCheckTest, BlockMappedTwiceWithoutACount) {
   BuildHealthy();
   // Device 3's own, current-epoch version names the origin's block 7.
   Map(3, 6, 0, 7);
+  AddMapped(3, 1);
   CheckReport r = Check();
   const CheckFinding* f = Find(r, "block-double-mapped");
   ASSERT_NE(f, nullptr) << Dump(r);
@@ -264,6 +376,7 @@ TEST_F(PoolCheckTest, OldEpochVersionsOfASharedBlockNeedNoFlag) {
   // Origin's epoch-0 version (block 4) is also named by device 3, flagged,
   // with a count: the origin never writes epoch 0 in place.
   Map(3, 7, 0, 4, MapValue::kMaybeShared);
+  AddMapped(3, 1);
   Refcount(4, 2);
   CheckReport r = Check();
   EXPECT_EQ(r.error_count, 0u) << Dump(r);
@@ -378,6 +491,7 @@ TEST_F(PoolCheckTest, DeviceIdBeyondNextDeviceId) {
 TEST_F(PoolCheckTest, RepairBumpsTheTransactionAndLeavesTheSpaceMapClean) {
   BuildHealthy();
   Map(3, 4, 0, 20, 0, /*allocate=*/false);
+  AddMapped(3, 1);
   ASSERT_OK(space_.MarkDirty());
   CheckReport fixed = Check(true);
   EXPECT_EQ(fixed.errors_left, 0u) << Dump(fixed);
@@ -439,15 +553,18 @@ class PoolCheckDamagedMapTest : public PoolCheckTest {
 TEST_F(PoolCheckDamagedMapTest, EveryDamagedRecordIsReportedAndTheWalkGoesOn) {
   BuildHealthy();
   Map(1, 2, 1, 9);
+  AddMapped(1, 1);
   DamageValue(1, 2, 1);
   const std::string bad_key = PutMalformedKey(2);
   // Damage that sorts after both records: found only if the walk goes on.
   Map(3, 4, 0, 20, 0, /*allocate=*/false);  // block-not-allocated
+  AddMapped(3, 1);
   Refcount(5, 3);                           // refcount-wrong (2 versions)
   space_.MarkUsed(PoolBlock(30));           // a leak
 
   CheckReport r = Check();
-  EXPECT_EQ(r.error_count, 4u) << Dump(r);
+  // The four, and the origin's count once the damaged version reads zeros.
+  EXPECT_EQ(r.error_count, 5u) << Dump(r);
   EXPECT_EQ(r.undecodable_mappings, 2u);
   EXPECT_EQ(r.mappings, 6u);
   std::vector<const CheckFinding*> damaged;
@@ -480,6 +597,13 @@ TEST_F(PoolCheckDamagedMapTest, EveryDamagedRecordIsReportedAndTheWalkGoesOn) {
   f = Find(r, "leaked-blocks");
   ASSERT_NE(f, nullptr) << Dump(r);
   EXPECT_NE(f->message.find(": 9 30 ("), std::string::npos) << f->message;
+  f = Find(r, "device-mapped-blocks-wrong");
+  ASSERT_NE(f, nullptr) << Dump(r);
+  EXPECT_EQ(f->device, 1u);
+  EXPECT_NE(f->message.find("mapped_blocks is 3 but it reads 2 blocks from the data area "
+                            "(undecodable block-map records counted as the tombstones"),
+            std::string::npos)
+      << f->message;
   EXPECT_EQ(Find(r, "block-map-unreadable"), nullptr) << Dump(r);
 
   // Plain check changes nothing.
@@ -490,7 +614,7 @@ TEST_F(PoolCheckDamagedMapTest, EveryDamagedRecordIsReportedAndTheWalkGoesOn) {
 
   CheckReport fixed = Check(/*repair=*/true);
   EXPECT_EQ(fixed.errors_left, 0u) << Dump(fixed);
-  EXPECT_EQ(fixed.errors_corrected, 4u) << Dump(fixed);
+  EXPECT_EQ(fixed.errors_corrected, 5u) << Dump(fixed);
   const CheckFinding* g = Find(fixed, "mapping-undecodable");
   ASSERT_NE(g, nullptr);
   EXPECT_NE(g->repair.find("by a tombstone"), std::string::npos) << g->repair;
@@ -504,11 +628,67 @@ TEST_F(PoolCheckDamagedMapTest, EveryDamagedRecordIsReportedAndTheWalkGoesOn) {
   EXPECT_FALSE(space_.IsAllocated(PoolBlock(30)));
   for (uint64_t b : {4, 5, 7, 20}) EXPECT_TRUE(space_.IsAllocated(PoolBlock(b))) << b;
   EXPECT_EQ(*store_->GetRefcount(PoolBlock(5)), 2u);
+  EXPECT_EQ(MappedBlocks(1), 2u) << "the tombstone reads zeros: one block fewer";
+  EXPECT_EQ(MappedBlocks(3), 2u);
   CheckReport again = Check();
   EXPECT_EQ(again.error_count, 0u) << Dump(again);
   EXPECT_EQ(again.warning_count, 0u) << Dump(again);
   EXPECT_EQ(again.undecodable_mappings, 0u);
   EXPECT_TRUE(StrictWalk().second.ok());
+}
+
+// The tombstone repair puts in place of an undecodable version hides the
+// older version below it: the count must be taken with the tombstone, not
+// with the skipped record's older version showing through.
+TEST_F(PoolCheckDamagedMapTest, AnUndecodableNewerVersionHidesTheOlderOneInTheCount) {
+  BuildHealthy();
+  DamageValue(1, 0, 1);  // the origin's vblock 0 at epoch 1 (epoch 0 below)
+  CheckReport r = Check();
+  EXPECT_EQ(r.error_count, 2u) << Dump(r);
+  ASSERT_NE(Find(r, "mapping-undecodable"), nullptr) << Dump(r);
+  const CheckFinding* count = Find(r, "device-mapped-blocks-wrong");
+  ASSERT_NE(count, nullptr) << Dump(r);
+  EXPECT_EQ(count->device, 1u);
+  EXPECT_NE(count->message.find("mapped_blocks is 2 but it reads 1 blocks"), std::string::npos)
+      << count->message;
+  CheckReport fixed = Check(/*repair=*/true);
+  EXPECT_EQ(fixed.errors_left, 0u) << Dump(fixed);
+  EXPECT_EQ(MappedBlocks(1), 1u);
+  EXPECT_EQ(MappedBlocks(2), 1u) << "the snapshot still reads epoch 0";
+  EXPECT_EQ(Check().error_count, 0u);
+}
+
+// The same counts through the store's iterators instead of a copy of the
+// map in memory (what a map of more than 4M entries gets).
+TEST_F(PoolCheckDamagedMapTest, CountsThroughStoreIteratorsAgree) {
+  max_map_entries_in_memory_ = 0;
+  BuildHealthy();
+  Map(1, 2, 1, 9);
+  AddMapped(1, 1);
+  DamageValue(1, 2, 1);
+  DamageValue(1, 0, 1);  // hides epoch 0 of vblock 0 once a tombstone
+  Map(1, 5, 0, kBlocks + 1);  // read by the snapshot, outside the data area
+  Map(1, 5, 1, 10);
+  AddMapped(1, 1);
+  AddMapped(2, 1);
+  CheckReport r = Check();
+  std::vector<std::pair<uint64_t, std::string>> counts;
+  for (const CheckFinding& f : r.findings) {
+    if (f.kind == "device-mapped-blocks-wrong") counts.emplace_back(*f.device, f.message);
+  }
+  ASSERT_EQ(counts.size(), 2u) << Dump(r);
+  EXPECT_EQ(counts[0].first, 1u);
+  EXPECT_NE(counts[0].second.find("mapped_blocks is 4 but it reads 2 blocks"), std::string::npos)
+      << counts[0].second;
+  EXPECT_EQ(counts[1].first, 2u);
+  EXPECT_NE(counts[1].second.find("mapped_blocks is 2 but it reads 1 blocks"), std::string::npos)
+      << counts[1].second;
+  CheckReport fixed = Check(/*repair=*/true);
+  EXPECT_EQ(fixed.errors_left, 0u) << Dump(fixed);
+  EXPECT_EQ(MappedBlocks(1), 2u);
+  EXPECT_EQ(MappedBlocks(2), 1u);
+  EXPECT_EQ(MappedBlocks(3), 1u);
+  EXPECT_EQ(Check().error_count, 0u);
 }
 
 TEST_F(PoolCheckDamagedMapTest, TheEngineStillStopsAtADamagedRecord) {
@@ -603,6 +783,49 @@ TEST(PoolCheckEngineTest, WhatTheEngineBuildsIsClean) {
   EXPECT_EQ(r->error_count, 0u);
   for (const CheckFinding& g : r->findings) ADD_FAILURE() << g.kind << ": " << g.message;
   EXPECT_GT(r->shared_blocks, 0u);
+}
+
+// A copy_file_range onto an empty device that covers part of the source
+// (the kernel sends a large one in pieces): the clone path's counts must
+// be exact at every step, not only once the whole device is covered.
+TEST(PoolCheckEngineTest, APartialCloneCountsWhatItReads) {
+  testing::EngineFixture f(4096, 256);
+  ASSERT_TRUE(f.pool->CreateDevice("src", 32 * 4096).ok());
+  ASSERT_TRUE(f.pool->CreateDevice("dst", 32 * 4096).ok());
+  auto src = f.pool->OpenVolume("src");
+  ASSERT_TRUE(src.ok());
+  // Blocks 0-3 and 12-15 mapped: the first half holds holes.
+  for (uint64_t b : {0, 1, 2, 3, 12, 13, 14, 15}) {
+    ASSERT_OK((*src)->Write(b * 4096, testing::Pattern(4096, static_cast<uint32_t>(b + 1))));
+  }
+  ASSERT_OK(f.pool->Commit());
+  const VolumeId s = (*src)->id(), d = f.pool->GetDevice("dst")->id;
+  for (uint64_t end : {8, 16, 32}) {
+    const uint64_t from = end == 8 ? 0 : end / 2;
+    ASSERT_OK(f.pool->ShareRange(s, from * 4096, d, from * 4096, (end - from) * 4096));
+    ASSERT_OK(f.pool->Commit());
+    EXPECT_EQ(f.pool->GetDevice("dst")->mapped_blocks, end == 8 ? 4u : 8u) << "copied to " << end;
+    Result<CheckReport> r = CheckPool(f.store.get(), f.space.get(), CheckOptions());
+    ASSERT_TRUE(r.ok());
+    for (const CheckFinding& g : r->findings) {
+      ADD_FAILURE() << "copied to block " << end << ": " << g.kind << ": " << g.message;
+    }
+  }
+  // Pieces that end inside a block (the kernel's are 2 GiB less a page):
+  // dst copies the edge blocks, then the next piece covers them.
+  ASSERT_TRUE(f.pool->CreateDevice("odd", 32 * 4096).ok());
+  const VolumeId o = f.pool->GetDevice("odd")->id;
+  const uint64_t cuts[] = {0, 2 * 4096 + 100, 13 * 4096 + 7, 14 * 4096 + 1, 32 * 4096};
+  for (size_t i = 0; i + 1 < std::size(cuts); ++i) {
+    ASSERT_OK(f.pool->ShareRange(s, cuts[i], o, cuts[i], cuts[i + 1] - cuts[i]));
+    ASSERT_OK(f.pool->Commit());
+    Result<CheckReport> r = CheckPool(f.store.get(), f.space.get(), CheckOptions());
+    ASSERT_TRUE(r.ok());
+    for (const CheckFinding& g : r->findings) {
+      ADD_FAILURE() << "copied to byte " << cuts[i + 1] << ": " << g.kind << ": " << g.message;
+    }
+  }
+  EXPECT_EQ(f.pool->GetDevice("odd")->mapped_blocks, 8u);
 }
 
 }  // namespace

@@ -43,9 +43,10 @@ class CheckRepairTest : public ::testing::Test {
     ASSERT_EQ(r.exit_code, 0) << Describe(r);
   }
 
-  // Commits `batch` (plus a device 1 'vol' at epoch 0) straight into the
-  // store, and marks `used` allocated in the bitmap.
-  void Damage(MetaBatch batch, const std::vector<uint64_t>& used) {
+  // Commits `batch` (plus a device 1 'vol' at epoch 0 whose mapped_blocks
+  // is `mapped`, as the engine counted it) straight into the store, and
+  // marks `used` allocated in the bitmap.
+  void Damage(MetaBatch batch, const std::vector<uint64_t>& used, uint64_t mapped = 0) {
     {
       auto store = meta::RocksDbStore::Open(pool_ + "/meta", meta::RocksDbOptions());
       ASSERT_TRUE(store.ok()) << store.status().ToString();
@@ -58,6 +59,7 @@ class CheckRepairTest : public ::testing::Test {
       d.id = VolumeId(1);
       d.name = "vol";
       d.size = 16 * 65536;
+      d.mapped_blocks = mapped;
       batch.put_devices.push_back(d);
       ASSERT_TRUE((*store)->Commit(batch, true).ok());
     }
@@ -66,6 +68,16 @@ class CheckRepairTest : public ::testing::Test {
     ASSERT_TRUE((*bm)->MarkDirty().ok());
     for (uint64_t b : used) (*bm)->MarkUsed(PoolBlock(b));
     ASSERT_TRUE((*bm)->MarkClean(0).ok());
+  }
+
+  // Device 1's mapped_blocks as stored (what st_blocks of its file shows).
+  uint64_t MappedBlocks() {
+    auto store = meta::RocksDbStore::Open(pool_ + "/meta", meta::RocksDbOptions());
+    EXPECT_TRUE(store.ok()) << store.status().ToString();
+    if (!store.ok()) return UINT64_MAX;
+    auto devs = (*store)->LoadDevices();
+    EXPECT_TRUE(devs.ok() && devs->size() == 1) << devs.status().ToString();
+    return devs.ok() && devs->size() == 1 ? (*devs)[0].mapped_blocks : UINT64_MAX;
   }
 
   static MapEntry Entry(uint64_t vb, uint64_t block, uint8_t flags = 0) {
@@ -84,7 +96,7 @@ TEST_F(CheckRepairTest, ReportsRepairsAndReverifies) {
   b.put_mappings.push_back(Entry(3, 8, MapValue::kMaybeShared));
   b.put_mappings.push_back(Entry(4, 8, MapValue::kMaybeShared));
   b.refcounts.emplace_back(PoolBlock(8), 5);  // two versions name it
-  Damage(b, {3, 8, 40});                      // 40: a leak
+  Damage(b, {3, 8, 40}, /*mapped=*/5);        // 40: a leak
 
   CliRun r = Thinfs({"check", pool_});
   EXPECT_EQ(r.exit_code, 4) << Describe(r);
@@ -99,7 +111,11 @@ TEST_F(CheckRepairTest, ReportsRepairsAndReverifies) {
   EXPECT_TRUE(Has(r.out, "warning: 1 blocks are allocated in the space map but named by no "
                          "version (leaked, reclaimable): 40"))
       << r.out;
-  EXPECT_TRUE(Has(r.out, "3 errors left uncorrected")) << r.out;
+  // Once vblock 1 is a tombstone, 'vol' reads 4 blocks.
+  EXPECT_TRUE(Has(r.out, "error: device 1 'vol': mapped_blocks is 5 but it reads 4 blocks from "
+                         "the data area"))
+      << r.out;
+  EXPECT_TRUE(Has(r.out, "4 errors left uncorrected")) << r.out;
 
   r = Thinfs({"check", pool_, "--repair", "--read-only"});
   EXPECT_EQ(r.exit_code, 1) << Describe(r);
@@ -112,10 +128,10 @@ TEST_F(CheckRepairTest, ReportsRepairsAndReverifies) {
   ASSERT_TRUE(v.has_value()) << error << "\n" << r.out;
   EXPECT_TRUE((*v)["clean"].boolean);
   EXPECT_TRUE((*v)["repair"].boolean);
-  EXPECT_EQ((*v)["errors_corrected"].AsUint(), 3u);
+  EXPECT_EQ((*v)["errors_corrected"].AsUint(), 4u);
   EXPECT_EQ((*v)["errors_left"].AsUint(), 0u);
   EXPECT_EQ((*v)["reclaimed_blocks"].AsUint(), 1u);
-  EXPECT_EQ((*v)["changes"].array.size(), 4u) << r.out;
+  EXPECT_EQ((*v)["changes"].array.size(), 5u) << r.out;
   bool found = false;
   for (const JsonValue& f : (*v)["findings"].array) {
     if (f["kind"].string != "mapping-outside-data-area") continue;
@@ -127,6 +143,7 @@ TEST_F(CheckRepairTest, ReportsRepairsAndReverifies) {
     EXPECT_TRUE(Has(f["repair"].string, "tombstone")) << f["repair"].string;
   }
   EXPECT_TRUE(found) << r.out;
+  EXPECT_EQ(MappedBlocks(), 4u);
 
   r = Thinfs({"check", pool_});
   EXPECT_EQ(r.exit_code, 0) << Describe(r);
@@ -137,10 +154,58 @@ TEST_F(CheckRepairTest, ReportsRepairsAndReverifies) {
   EXPECT_EQ(r.exit_code, 0) << Describe(r);
 }
 
+TEST_F(CheckRepairTest, AWrongMappedBlocksCountIsReportedAndSet) {
+  MetaBatch b;
+  b.put_mappings.push_back(Entry(0, 3));
+  b.put_mappings.push_back(Entry(6, 4));
+  Damage(b, {3, 4}, /*mapped=*/9);
+  CliRun r = Thinfs({"check", pool_});
+  EXPECT_EQ(r.exit_code, 4) << Describe(r);
+  EXPECT_TRUE(Has(r.out, "error: device 1 'vol': mapped_blocks is 9 but it reads 2 blocks from "
+                         "the data area"))
+      << r.out;
+  EXPECT_TRUE(Has(r.out, "1 errors left uncorrected")) << r.out;
+  r = Thinfs({"check", pool_, "--json"});
+  EXPECT_EQ(r.exit_code, 4) << Describe(r);
+  std::string error;
+  std::optional<JsonValue> v = JsonParser::Parse(r.out, &error);
+  ASSERT_TRUE(v.has_value()) << error << "\n" << r.out;
+  ASSERT_EQ((*v)["findings"].array.size(), 1u) << r.out;
+  EXPECT_EQ((*v)["findings"].array[0]["kind"].string, "device-mapped-blocks-wrong");
+  EXPECT_EQ((*v)["findings"].array[0]["device"].AsUint(), 1u);
+  EXPECT_EQ(MappedBlocks(), 9u) << "plain check changes nothing";
+
+  r = Thinfs({"check", pool_, "--repair"});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  EXPECT_TRUE(Has(r.out, "repaired: set the mapped_blocks of device 1 'vol' from 9 to 2")) << r.out;
+  EXPECT_EQ(MappedBlocks(), 2u);
+  r = Thinfs({"check", pool_});
+  EXPECT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_FALSE(Has(r.out, "warning")) << r.out;
+}
+
+// A repair that changes no mapping (here a stale refcount entry) commits
+// the metadata all the same: the bitmap must follow it to the new
+// transaction id, or the next check finds it stale.
+TEST_F(CheckRepairTest, ARepairOfCountsOnlyLeavesTheBitmapCurrent) {
+  MetaBatch b;
+  b.put_mappings.push_back(Entry(0, 3));
+  b.refcounts.emplace_back(PoolBlock(3), 2);  // one version names it
+  Damage(b, {3}, /*mapped=*/1);
+  CliRun r = Thinfs({"check", pool_});
+  EXPECT_EQ(r.exit_code, 4) << Describe(r);
+  EXPECT_TRUE(Has(r.out, "error: refcount of pool block 3 is 2 but 1 version(s)")) << r.out;
+  r = Thinfs({"check", pool_, "--repair"});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  r = Thinfs({"check", pool_});
+  EXPECT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_FALSE(Has(r.out, "stale")) << r.out;
+}
+
 TEST_F(CheckRepairTest, LeaksOnlyAreCleanAndRepairReclaimsThem) {
   MetaBatch b;
   b.put_mappings.push_back(Entry(0, 3));
-  Damage(b, {3, 10, 11});
+  Damage(b, {3, 10, 11}, /*mapped=*/1);
   CliRun r = Thinfs({"check", pool_});
   EXPECT_EQ(r.exit_code, 0) << Describe(r);
   EXPECT_TRUE(Has(r.out, "warning: 2 blocks are allocated")) << r.out;
@@ -156,7 +221,7 @@ TEST_F(CheckRepairTest, DamagedBitmapIsRebuiltFromTheBlockMap) {
   MetaBatch b;
   b.put_mappings.push_back(Entry(0, 3));
   b.put_mappings.push_back(Entry(5, 9));
-  Damage(b, {3, 9});
+  Damage(b, {3, 9}, /*mapped=*/2);
   testing::FlipByteOrDie(pool_ + "/bitmap", testing::kBitmapHeaderFlipOffsetForTesting);
   CliRun r = Thinfs({"check", pool_});
   EXPECT_EQ(r.exit_code, 4) << Describe(r);
@@ -178,7 +243,7 @@ TEST_F(CheckRepairTest, UndecodableMapRecordsAreReportedAndRepairedAsHoles) {
   MetaBatch b;
   b.put_mappings.push_back(Entry(0, 3));
   b.put_mappings.push_back(Entry(5, 7));  // after the damage: free in the bitmap
-  Damage(b, {3, 40});                     // 40: a leak
+  Damage(b, {3, 40}, /*mapped=*/2);       // 40: a leak
   std::string key(20, '\0');
   key[7] = 1;  // device 1, vblock 0
   for (int i = 16; i < 20; ++i) key[i] = static_cast<char>(0xff);  // ~epoch 0
@@ -209,7 +274,12 @@ TEST_F(CheckRepairTest, UndecodableMapRecordsAreReportedAndRepairedAsHoles) {
       << r.out;
   EXPECT_TRUE(Has(r.out, ": 1 devices, 1 mappings (and 2 undecodable), 1 referenced blocks"))
       << r.out;
-  EXPECT_TRUE(Has(r.out, "3 errors left uncorrected")) << r.out;
+  // Counted as repair leaves the map: vblock 0 a tombstone.
+  EXPECT_TRUE(Has(r.out, "error: device 1 'vol': mapped_blocks is 2 but it reads 1 blocks from "
+                         "the data area (undecodable block-map records counted as the "
+                         "tombstones repair makes them)"))
+      << r.out;
+  EXPECT_TRUE(Has(r.out, "4 errors left uncorrected")) << r.out;
 
   r = Thinfs({"check", pool_, "--json"});
   EXPECT_EQ(r.exit_code, 4) << Describe(r);
@@ -232,6 +302,7 @@ TEST_F(CheckRepairTest, UndecodableMapRecordsAreReportedAndRepairedAsHoles) {
   EXPECT_TRUE(Has(r.out, "repaired: deleted the block-map record with the malformed key "
                          "00000000000000010202"))
       << r.out;
+  EXPECT_EQ(MappedBlocks(), 1u) << "vblock 0 reads zeros now";
   r = Thinfs({"check", pool_});
   EXPECT_EQ(r.exit_code, 0) << Describe(r);
   EXPECT_FALSE(Has(r.out, "warning")) << r.out;

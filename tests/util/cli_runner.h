@@ -22,8 +22,9 @@ struct CliRun {
   std::string err;
 };
 
-// Runs THINFS_BINARY with `args`, stdin from /dev/null, capturing output.
-inline CliRun Thinfs(const std::vector<std::string>& args) {
+// Runs the program at `path` with `args`, stdin from /dev/null, capturing
+// output.
+inline CliRun RunProgram(const std::string& path, const std::vector<std::string>& args) {
   TempDir io;
   const std::string out_path = io.Sub("out"), err_path = io.Sub("err");
   pid_t pid = ::fork();
@@ -36,10 +37,10 @@ inline CliRun Thinfs(const std::vector<std::string>& args) {
     ::dup2(out, 1);
     ::dup2(err, 2);
     std::vector<char*> argv;
-    argv.push_back(const_cast<char*>(THINFS_BINARY));
+    argv.push_back(const_cast<char*>(path.c_str()));
     for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
-    ::execv(THINFS_BINARY, argv.data());
+    ::execv(path.c_str(), argv.data());
     ::_exit(127);
   }
   int status = 0;
@@ -50,6 +51,9 @@ inline CliRun Thinfs(const std::vector<std::string>& args) {
   r.err = ReadFileOrDie(err_path);
   return r;
 }
+
+// Runs THINFS_BINARY with `args`.
+inline CliRun Thinfs(const std::vector<std::string>& args) { return RunProgram(THINFS_BINARY, args); }
 
 inline std::string Describe(const CliRun& r) {
   return "exit " + std::to_string(r.exit_code) + "\nstdout:\n" + r.out + "stderr:\n" + r.err;
