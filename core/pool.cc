@@ -1918,7 +1918,8 @@ Status Pool::ShareRange(VolumeId src_id, uint64_t src_offset, VolumeId dst_id,
   // it, is O(1) in the data: dst becomes a snapshot of src whose
   // parent_limit covers the whole blocks copied so far, and only partial
   // edge blocks are copied. (The kernel splits one copy_file_range into
-  // calls of under 2 GiB, so `cp` of a large volume arrives in pieces.)
+  // calls of 4 GiB less a page, so `cp` of a large volume arrives in
+  // pieces.)
   if (src != dst && src_offset == dst_offset) {
     WriterLock io1(src->id < dst->id ? &src->io_mu : &dst->io_mu);
     WriterLock io2(src->id < dst->id ? &dst->io_mu : &src->io_mu);
@@ -1993,7 +1994,7 @@ Status Pool::ShareRange(VolumeId src_id, uint64_t src_offset, VolumeId dst_id,
       // piece of a larger copy commits, then counts in one ordered pass over
       // the committed map what src maps in the range, less the blocks dst
       // has its own version of (edge blocks of earlier pieces); point
-      // lookups per block would cost seconds for a piece of 2 GiB.
+      // lookups per block would cost seconds for a piece of 4 GiB.
       int64_t shown = 0;
       if (limit > old_limit) {
         const uint64_t src_blocks = g.BlocksFor(ssize);
