@@ -114,6 +114,10 @@ class FileBlockDevice final : public BlockDevice {
   bool SharesCopies() const override { return clone_.load(std::memory_order_relaxed); }
   const Geometry& geometry() const override { return geometry_; }
 
+  // Copy() reads and writes even where the file system could reflink.
+  // Call before sharing the object.
+  void DisableClones() { clone_.store(false); }
+
   // A regular file that Grow() must not extend (one the user gave with
   // `format --data`: it is theirs to size). Call before sharing the object.
   void set_fixed_size(bool fixed) { fixed_size_ = fixed; }

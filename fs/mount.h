@@ -41,6 +41,9 @@ struct MountOptions {
   uint64_t deferred_copy_bytes = uint64_t{256} << 20;
   bool zero_detection = true;
   bool direct_io = false;  // O_DIRECT on the data file
+  // Copy-on-write copies as reflinks inside the data file where its file
+  // system can (XFS, btrfs).
+  bool reflink = true;
   bool writeback_cache = false;
   // FUSE worker threads at most: how many requests are served at once.
   unsigned threads = 32;
@@ -67,6 +70,8 @@ struct MountOptions {
 //   deferred_copy=SIZE          COW copying left to the next commit (256M; 0 off)
 //   zero_detect=on|off          whole-block zero writes unmap (default on)
 //   direct_io=on|off            O_DIRECT on the pool's data file (default off)
+//   reflink=on|off              COW copies reflinked in the data file where
+//                               its file system can (default on)
 //   writeback_cache=on|off      kernel writeback cache (default off)
 //   threads=N                   FUSE worker threads at most, 1-1024 (default 32)
 //   log_level=error|warning|info|debug

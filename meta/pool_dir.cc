@@ -505,6 +505,7 @@ Result<PoolFiles> OpenPoolFiles(const std::string& root, const OpenOptions& opti
       FileBlockDevice::Open(f.paths.data, geometry, options.direct_io, options.read_only);
   if (!data.ok()) return data.status().WithContext("data area");
   f.data = std::move(*data);
+  if (!options.reflink) f.data->DisableClones();
   // A --data target (pool/data a symlink) is the user's to size: grow
   // checks it is large enough instead of extending it.
   struct stat lst;

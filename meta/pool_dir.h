@@ -107,6 +107,9 @@ Status FormatPool(const std::string& root, const FormatOptions& options);
 struct OpenOptions {
   bool read_only = false;
   bool direct_io = false;
+  // Copy-on-write copies may be reflinks where the data file's file system
+  // can (FileBlockDevice::Copy); false: always read and written.
+  bool reflink = true;
   size_t block_cache_bytes = 64 << 20;
 };
 

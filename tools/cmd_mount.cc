@@ -80,6 +80,8 @@ int RunMount(const std::vector<std::string>& args) {
        "                         to the next commit (default 256M; 0 off)\n"
        "  zero_detect=on|off     whole-block zero writes unmap (default on)\n"
        "  direct_io=on|off       O_DIRECT on the pool's data file (default off)\n"
+       "  reflink=on|off         copy-on-write copies as reflinks inside the data\n"
+       "                         file where its file system can (default on)\n"
        "  writeback_cache=on|off kernel writeback cache (default off)\n"
        "  threads=N              FUSE worker threads at most (1-1024, default 32)\n"
        "  log_level=error|warning|info|debug\n"
