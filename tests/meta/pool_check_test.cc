@@ -130,6 +130,15 @@ class PoolCheckTest : public ::testing::Test {
     }
     return nullptr;
   }
+  // The device-mapped-blocks-wrong finding is about `device` and its
+  // message holds `text`. Call through ASSERT_NO_FATAL_FAILURE.
+  static void ExpectCountFinding(const CheckReport& r, uint64_t device,
+                                 const std::string& text) {
+    const CheckFinding* count = Find(r, "device-mapped-blocks-wrong");
+    ASSERT_NE(count, nullptr) << Dump(r);
+    EXPECT_EQ(count->device, device);
+    EXPECT_NE(count->message.find(text), std::string::npos) << count->message;
+  }
   static std::string Dump(const CheckReport& r) {
     std::string s;
     for (const CheckFinding& f : r.findings) {
@@ -181,12 +190,8 @@ TEST_F(PoolCheckTest, MappingOutsideTheDataArea) {
   CheckReport r = Check();
   // The version, and the count that assumes the tombstone repair makes.
   EXPECT_EQ(r.error_count, 2u) << Dump(r);
-  const CheckFinding* count = Find(r, "device-mapped-blocks-wrong");
-  ASSERT_NE(count, nullptr) << Dump(r);
-  EXPECT_EQ(count->device, 3u);
-  EXPECT_NE(count->message.find("device 3 'copy': mapped_blocks is 2 but it reads 1 blocks"),
-            std::string::npos)
-      << count->message;
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectCountFinding(r, 3, "device 3 'copy': mapped_blocks is 2 but it reads 1 blocks"));
   const CheckFinding* f = Find(r, "mapping-outside-data-area");
   ASSERT_NE(f, nullptr) << Dump(r);
   EXPECT_EQ(f->device, 3u);
@@ -217,11 +222,7 @@ TEST_F(PoolCheckTest, ATombstoneInAnOldEpochLowersTheSnapshotsCount) {
   CheckReport r = Check();
   EXPECT_EQ(r.error_count, 2u) << Dump(r);
   ASSERT_NE(Find(r, "mapping-outside-data-area"), nullptr) << Dump(r);
-  const CheckFinding* count = Find(r, "device-mapped-blocks-wrong");
-  ASSERT_NE(count, nullptr) << Dump(r);
-  EXPECT_EQ(count->device, 2u);
-  EXPECT_NE(count->message.find("mapped_blocks is 2 but it reads 1 blocks"), std::string::npos)
-      << count->message;
+  ASSERT_NO_FATAL_FAILURE(ExpectCountFinding(r, 2, "mapped_blocks is 2 but it reads 1 blocks"));
   RepairAndExpectClean();
   EXPECT_EQ(MappedBlocks(1), 3u);
   EXPECT_EQ(MappedBlocks(2), 1u);
@@ -597,13 +598,10 @@ TEST_F(PoolCheckDamagedMapTest, EveryDamagedRecordIsReportedAndTheWalkGoesOn) {
   f = Find(r, "leaked-blocks");
   ASSERT_NE(f, nullptr) << Dump(r);
   EXPECT_NE(f->message.find(": 9 30 ("), std::string::npos) << f->message;
-  f = Find(r, "device-mapped-blocks-wrong");
-  ASSERT_NE(f, nullptr) << Dump(r);
-  EXPECT_EQ(f->device, 1u);
-  EXPECT_NE(f->message.find("mapped_blocks is 3 but it reads 2 blocks from the data area "
-                            "(undecodable block-map records counted as the tombstones"),
-            std::string::npos)
-      << f->message;
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectCountFinding(r, 1,
+                         "mapped_blocks is 3 but it reads 2 blocks from the data area "
+                         "(undecodable block-map records counted as the tombstones"));
   EXPECT_EQ(Find(r, "block-map-unreadable"), nullptr) << Dump(r);
 
   // Plain check changes nothing.
@@ -646,11 +644,7 @@ TEST_F(PoolCheckDamagedMapTest, AnUndecodableNewerVersionHidesTheOlderOneInTheCo
   CheckReport r = Check();
   EXPECT_EQ(r.error_count, 2u) << Dump(r);
   ASSERT_NE(Find(r, "mapping-undecodable"), nullptr) << Dump(r);
-  const CheckFinding* count = Find(r, "device-mapped-blocks-wrong");
-  ASSERT_NE(count, nullptr) << Dump(r);
-  EXPECT_EQ(count->device, 1u);
-  EXPECT_NE(count->message.find("mapped_blocks is 2 but it reads 1 blocks"), std::string::npos)
-      << count->message;
+  ASSERT_NO_FATAL_FAILURE(ExpectCountFinding(r, 1, "mapped_blocks is 2 but it reads 1 blocks"));
   CheckReport fixed = Check(/*repair=*/true);
   EXPECT_EQ(fixed.errors_left, 0u) << Dump(fixed);
   EXPECT_EQ(MappedBlocks(1), 1u);
