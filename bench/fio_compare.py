@@ -57,7 +57,7 @@ import time  # noqa: E402
 import fio_report  # noqa: E402
 import snapshot_time  # noqa: E402
 from benchlib import MiB, loadavg, log, parse_size, run, size_label  # noqa: E402
-from fio_targets import (ALT, ALT_SNAP, LOOP_OPTIONS, OPT_IN, RAW_LOOP_ALT,  # noqa: E402
+from fio_targets import (ALT, ALT_SNAP, LOOP_OPTIONS, OPT_IN, PT_ALT, RAW_LOOP_ALT,  # noqa: E402
                          TARGETS, THINFS_LOOP_ALT, TOOLS, Stack)  # noqa: E402
 
 JOBS = [
@@ -166,6 +166,7 @@ def report(args, cmdline, results, fs_type, mach, jobs, targets, stack_targets, 
             if {"raw-loop-ext4", "thinfs-loop-ext4"} & set(targets) else "")
          + (f"; -alt loop devices: `losetup {args.alt_loop_options or '(buffered)'}`"
             if {RAW_LOOP_ALT, THINFS_LOOP_ALT} & set(targets) else "")
+         + (f"; {PT_ALT}: `{args.alt_passthrough}`" if PT_ALT in targets else "")
          + f"; wall time of the fio part {mach['fio_minutes']:.1f} min. Cells: median "
          "(min–max) of the rounds; ratios: median (min–max) of the per-round ratios.",
          "- What the write jobs measure per target: "
@@ -224,6 +225,8 @@ def prerequisites(args):
         binaries.append(args.alt_thinfs)
     if "fuse-passthrough" in args.targets:
         binaries.append(args.passthrough)
+    if PT_ALT in args.targets:
+        binaries.append(args.alt_passthrough)
     for b in binaries:
         if not (os.path.isfile(b) and os.access(b, os.X_OK)):
             missing.append(f"binary {b}")
@@ -241,6 +244,10 @@ def main():
                    help="thinfs binary (Release build)")
     p.add_argument("--passthrough", default=os.path.join(build, "bench", "passthrough_ll"),
                    help="libfuse's passthrough_ll (built by bench/CMakeLists.txt)")
+    p.add_argument("--alt-passthrough",
+                   default=os.path.join(build, "bench", "passthrough_ll_splice"),
+                   help=f"FUSE server of the opt-in {PT_ALT} target (default: passthrough_ll "
+                        "with splice on, built by bench/CMakeLists.txt)")
     p.add_argument("--dir", default="/var/tmp", help="where the temp directories go")
     p.add_argument("--rounds", type=int, default=None, help="rounds (default 3; quick 1)")
     p.add_argument("--size", default=None, help="file/volume size (default 1G; quick 32M)")
@@ -316,6 +323,7 @@ def main():
     if args.alt_thinfs:
         args.alt_thinfs = os.path.abspath(args.alt_thinfs)
     args.passthrough = os.path.abspath(args.passthrough)
+    args.alt_passthrough = os.path.abspath(args.alt_passthrough)
     args.chart_png = (os.path.splitext(args.markdown)[0] + ".png"
                       if args.markdown and args.targets else None)
 

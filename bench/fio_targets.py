@@ -23,7 +23,10 @@ ALT_SNAP = "thinfs-alt-snap"
 # --alt-loop-options, over a plain file and over a volume of the thinfs-alt
 # pool (so --alt-thinfs/--alt-mount-options apply to it too).
 RAW_LOOP_ALT, THINFS_LOOP_ALT = "raw-loop-ext4-alt", "thinfs-loop-ext4-alt"
-OPT_IN = [ALT, ALT_SNAP, RAW_LOOP_ALT, THINFS_LOOP_ALT]
+# Opt-in A/B of a FUSE server: passthrough_ll again, from the --alt-passthrough
+# binary (bench/passthrough_ll_splice.c: splice on), in its own directory.
+PT_ALT = "fuse-passthrough-alt"
+OPT_IN = [ALT, ALT_SNAP, RAW_LOOP_ALT, THINFS_LOOP_ALT, PT_ALT]
 # How raw-loop-ext4 and thinfs-loop-ext4 attach their loop devices
 # (--loop-options): with direct I/O, as README recommends over a volume
 # (docs/benchmarks.md, "Levers tried" 8). --alt-loop-options '' gives the
@@ -127,7 +130,9 @@ class Stack:
             make_file(f, size)
             self.targets["raw"] = Target("raw", f, [f], semantics="overwrites")
         if "fuse-passthrough" in want:
-            self._setup_passthrough(size)
+            self._setup_passthrough("fuse-passthrough", a.passthrough, "pt", size)
+        if PT_ALT in want:
+            self._setup_passthrough(PT_ALT, a.alt_passthrough, "pt-alt", size)
         if "qcow2-qsd" in want:
             self._setup_qsd(size)
         if "qcow2-qsd-snap" in want:
@@ -149,18 +154,17 @@ class Stack:
                 t.reset()
             t.direct_ok = supports_direct(t.fio_file)
 
-    def _setup_passthrough(self, size):
-        src, mnt = self.path("pt-src"), self.path("pt-mnt")
+    def _setup_passthrough(self, name, binary, stem, size):
+        src, mnt = self.path(f"{stem}-src"), self.path(f"{stem}-mnt")
         os.makedirs(src)
         os.makedirs(mnt)
         make_file(os.path.join(src, "fio.dat"), size)
         # libfuse's defaults: multithreaded, cache=auto (timeout 1 s, page
         # cache on, no keep_cache), no writeback cache, no clone_fd.
-        self.daemon("passthrough_ll", [self.args.passthrough, "-f", "-o", f"source={src}",
-                                       mnt], mnt)
+        self.daemon(name, [binary, "-f", "-o", f"source={src}", mnt], mnt)
         f = os.path.join(mnt, "fio.dat")
-        self.targets["fuse-passthrough"] = Target(
-            "fuse-passthrough", f, [f, os.path.join(src, "fio.dat")], semantics="overwrites")
+        self.targets[name] = Target(name, f, [f, os.path.join(src, "fio.dat")],
+                                    semantics="overwrites")
 
     def _qsd(self, name, image, export):
         make_file(export, 0)
