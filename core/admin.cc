@@ -431,7 +431,8 @@ std::string FormatStatusText(const PoolStatusReport& r) {
                              std::to_string(c.cow_copies) + " (" +
                              std::to_string(c.deferred_copies) + " deferred to a commit), discards " +
                              std::to_string(c.discards) + ", commits " +
-                             std::to_string(c.commits));
+                             std::to_string(c.commits) + " (" + std::to_string(c.data_syncs) +
+                             " with a data sync)");
     line("commit latency:", "p50 " + std::to_string(c.commit_p50_us) + " us, p90 " +
                                 std::to_string(c.commit_p90_us) + " us, p99 " +
                                 std::to_string(c.commit_p99_us) + " us, max " +
@@ -477,6 +478,7 @@ std::string FormatStatusJson(const PoolStatusReport& r) {
         .Key("deferred_copies").Uint(c.deferred_copies)
         .Key("discards").Uint(c.discards)
         .Key("commits").Uint(c.commits)
+        .Key("data_syncs").Uint(c.data_syncs)
         .Key("gc_backlog").Uint(c.gc_backlog)
         .Key("commit_p50_us").Uint(c.commit_p50_us)
         .Key("commit_p90_us").Uint(c.commit_p90_us)

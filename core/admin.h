@@ -124,7 +124,7 @@ std::string FormatStatusText(const PoolStatusReport& r);
 // block_size, data_blocks, used_blocks, free_blocks, devices,
 // transaction_id, bitmap_clean, low_water_blocks, below_low_water, mounted, mountpoint (string or null), and
 // when mounted "counters": {reads, writes, provisions, cow_copies,
-// deferred_copies, discards, commits, gc_backlog}.
+// deferred_copies, discards, commits, data_syncs, gc_backlog}.
 std::string FormatStatusJson(const PoolStatusReport& r);
 
 // "2024-05-01T12:00:00Z" for a CLOCK_REALTIME time in nanoseconds.

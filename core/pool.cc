@@ -194,6 +194,13 @@ struct Pool::Impl {
   // A data write completed since the last data sync began: set after the
   // write, exchanged by Commit, which skips the data sync when it is clear.
   std::atomic<bool> data_dirty{false};
+  // Of those, a write of new data: into a block whose mapping is not
+  // committed yet (provisioning, copy-on-write, an owed copy). A commit must
+  // sync the data before writing such a mapping, or a crash could leave it
+  // pointing at stale data. Set with data_dirty, after the write and before
+  // the mapping is installed. An overwrite in place sets only data_dirty:
+  // without sync_overwrites the periodic commit leaves that to fsync.
+  std::atomic<bool> new_data{false};
   std::atomic<bool> failed{false};      // sticky: commit or I/O failed
   std::string failure;                  // guarded by commit_mu
 
@@ -291,7 +298,7 @@ struct Pool::Impl {
 
   // ---- Counters (relaxed; statistics only) ----
   std::atomic<uint64_t> n_reads{0}, n_writes{0}, n_provisions{0}, n_cow{0}, n_discards{0},
-      n_commits{0};
+      n_commits{0}, n_data_syncs{0};
 
   // ------------------------------------------------------------------------
   SharedMutex& Stripe(VolumeId dev, uint64_t b) {
@@ -669,6 +676,7 @@ struct Pool::Impl {
       return s;
     }
     data_dirty.store(true, std::memory_order_relaxed);
+    new_data.store(true, std::memory_order_relaxed);
     return InstallVersion(vol, b, e, own, before, MapValue{p, 0});
   }
 
@@ -734,7 +742,12 @@ struct Pool::Impl {
   }
 
   // ---- Commit ----
-  Status Commit() EXCLUDES(swap_mu) {
+  // kExplicit (fsync, snapshot, unmount, management operations, Commit()):
+  // syncs every data write before it. kPeriodic (the committer thread): the
+  // same with sync_overwrites (the default); without, it syncs the data only
+  // when the commit has new data to make reachable.
+  enum class CommitKind { kExplicit, kPeriodic };
+  Status Commit(CommitKind kind = CommitKind::kExplicit) EXCLUDES(swap_mu) {
     MutexLock c(&commit_mu);
     if (options.read_only) return Status::Ok();
     if (failed.load()) return Status::ReadOnly("pool stopped writing after an error: " + failure);
@@ -780,8 +793,15 @@ struct Pool::Impl {
         return cs;
       }
       data_dirty.store(true);
+      new_data.store(true);
     }
-    const bool data_written = data_dirty.exchange(false);
+    // A periodic commit syncs overwrites in place only with sync_overwrites;
+    // new data it must sync, and then the one data sync covers everything.
+    const bool must_sync = new_data.exchange(false);
+    bool data_written = false;
+    if (must_sync || kind == CommitKind::kExplicit || options.sync_overwrites) {
+      data_written = data_dirty.exchange(false) || must_sync;
+    }
     if (!any_overlay && batch.empty() && frees.empty() && !data_written) return Status::Ok();
 
     for (Shard& s : shards) {
@@ -800,7 +820,11 @@ struct Pool::Impl {
     const Clock::time_point t0 = Clock::now();
     // No data write since the last data sync: nothing to flush (a snapshot,
     // a rename, a commit after fsync). data_dirty is set after each write.
-    Status s = data_written ? data->Sync() : Status::Ok();
+    Status s = Status::Ok();
+    if (data_written) {
+      s = data->Sync();
+      n_data_syncs.fetch_add(1, std::memory_order_relaxed);
+    }
     const Clock::time_point t1 = Clock::now();
     if (s.ok()) s = space->Sync(superblock.transaction_id + 1);
     const Clock::time_point t2 = Clock::now();
@@ -873,7 +897,7 @@ struct Pool::Impl {
         timer_cv.WaitFor(options.commit_interval);
         if (timer_stop) return;
       }
-      Status s = Commit();
+      Status s = Commit(CommitKind::kPeriodic);
       (void)s;  // Failure is sticky and reported by the next writer.
     }
   }
@@ -1382,6 +1406,7 @@ Status Volume::Provision(uint64_t offset, uint64_t length) {
       return s;
     }
     p.data_dirty.store(true);
+    p.new_data.store(true);
     THINFS_RETURN_IF_ERROR(p.InstallVersion(st, b, e, own, before, MapValue{pb, 0}));
   }
   return Status::Ok();
@@ -2135,6 +2160,7 @@ Status Pool::ShareRange(VolumeId src_id, uint64_t src_offset, VolumeId dst_id,
 }
 
 Status Pool::Commit() { return impl_->Commit(); }
+Status Pool::PeriodicCommitForTesting() { return impl_->Commit(Impl::CommitKind::kPeriodic); }
 
 Status Pool::Impl::CommitDataBlocks(uint64_t n) {
   MetaBatch batch;
@@ -2199,6 +2225,7 @@ PoolStats Pool::Stats() const {
   s.deferred_copies = p.copies.completed();
   s.discards = p.n_discards.load();
   s.commits = p.n_commits.load();
+  s.data_syncs = p.n_data_syncs.load();
   {
     MutexLock l(&p.gc_mu);
     s.gc_backlog = p.gc_devices.size() + p.gc_candidates.size();

@@ -11,7 +11,11 @@
 //      next commit.
 //   1. fdatasync the pool data, so that every block a frozen mapping points
 //      at holds what was written to it. Skipped when no data write
-//      completed since the last data sync began (Pool's data_dirty).
+//      completed since the last data sync began (Pool's data_dirty). With
+//      PoolOptions::sync_overwrites off (on by default), the periodic commit
+//      also skips it when the only writes were overwrites in place (Pool's
+//      new_data clear): no mapping needs them, so like ext4's data=ordered
+//      they wait for the next fsync, snapshot or commit that syncs.
 //   2. Make the allocation bitmap durable (msync): every block the frozen
 //      mappings use is marked allocated before any mapping to it exists on
 //      disk. The bitmap may over-report after a crash, never under-report.

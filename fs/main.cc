@@ -131,6 +131,7 @@ int OpenAndServe(const MountOptions& options, const std::string& pool_root,
   meta::RocksDbStore* store = files->store.get();
   PoolOptions pool_options;
   pool_options.commit_interval = options.commit_interval;
+  pool_options.sync_overwrites = options.sync_overwrites;
   pool_options.zero_detection = options.zero_detection;
   pool_options.map_cache_bytes = options.map_cache_bytes;
   pool_options.deferred_copy_bytes = options.deferred_copy_bytes;

@@ -33,6 +33,8 @@ struct MountOptions {
   bool read_only = false;
   bool allow_other = false;
   std::chrono::milliseconds commit_interval{1000};
+  // The periodic commit also syncs overwrites in place (PoolOptions).
+  bool sync_overwrites = true;
   size_t block_cache_bytes = 64 << 20;
   // Block-map cache in front of RocksDB (core/map_cache.h), bytes; 0 off.
   size_t map_cache_bytes = 16 << 20;
@@ -65,6 +67,8 @@ struct MountOptions {
 //   allow_other                 let other users in (default: only the mounter)
 //   commit_interval=DUR         periodic commit; DUR is N, Nms, Ns or Nm
 //                               (bare N = milliseconds, 0 = off)
+//   sync_overwrites=on|off      periodic commit syncs overwrites in place too
+//                               (default on; off: they wait for fsync)
 //   cache_size=SIZE             metadata block cache; SIZE is N[K|M|G]
 //   map_cache=SIZE              block-map cache in memory (default 16M; 0 off)
 //   deferred_copy=SIZE          COW copying left to the next commit (256M; 0 off)

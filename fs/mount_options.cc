@@ -125,6 +125,9 @@ Result<MountOptions> ParseMountOptions(const std::string& pool, const std::strin
     } else if (key == "commit_interval") {
       THINFS_RETURN_IF_ERROR(require_value());
       THINFS_ASSIGN_OR_RETURN(opts.commit_interval, ParseDuration(key, value));
+    } else if (key == "sync_overwrites") {
+      THINFS_RETURN_IF_ERROR(require_value());
+      THINFS_ASSIGN_OR_RETURN(opts.sync_overwrites, ParseBool(key, value));
     } else if (key == "cache_size") {
       THINFS_RETURN_IF_ERROR(require_value());
       THINFS_ASSIGN_OR_RETURN(opts.block_cache_bytes, ParseSize(key, value));

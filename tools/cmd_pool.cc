@@ -112,7 +112,7 @@ int RunStatus(const std::vector<std::string>& args) {
       "data_blocks, used_blocks, free_blocks, devices, transaction_id, bitmap_clean,\n"
       "mounted, mountpoint (null when not mounted) and, when mounted, counters:\n"
       "{reads, writes, provisions, cow_copies, deferred_copies, discards, commits,\n"
-      "gc_backlog}.\n\n"
+      "data_syncs, gc_backlog}.\n\n"
       "Example:\n"
       "  thinfs status /srv/pool --json\n");
   if (std::optional<int> code = cl.Parse(args)) return *code;

@@ -212,7 +212,8 @@ TEST_F(AdminTest, StatusHasCounters) {
   EXPECT_EQ(v["mountpoint"].string, "/mnt/vols");
   EXPECT_EQ(v["counters"]["writes"].AsUint(), 1u);
   EXPECT_EQ(v["counters"]["provisions"].AsUint(), 1u);
-  for (const char* k : {"reads", "cow_copies", "deferred_copies", "discards", "commits", "gc_backlog"}) {
+  for (const char* k : {"reads", "cow_copies", "deferred_copies", "discards", "commits",
+                        "data_syncs", "gc_backlog"}) {
     EXPECT_TRUE(v["counters"].Has(k)) << k;
   }
   r = Run("status");

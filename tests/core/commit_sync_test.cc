@@ -1,11 +1,15 @@
 // Pool::Commit skips the data sync when no data write completed since the
-// last one (a snapshot, create or rename commits metadata only). These tests
-// prove the skip never loses a write that a Flush or a snapshot promised,
-// including a write that races a commit, and that it is taken where it may.
+// last one (a snapshot, create or rename commits metadata only), and the
+// periodic commit skips it when the only writes were overwrites in place
+// (PoolOptions::sync_overwrites off). These tests prove the skips never
+// lose a write that a Flush or a snapshot promised, never let a mapping
+// reach new data that is not durable, including writes that race a commit,
+// and that they are taken where they may.
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +40,29 @@ class CommitSyncTest : public ::testing::Test {
     Status s = pool_->CreateDevice("v", 16 * kBs).status();
     EXPECT_TRUE(s.ok()) << s.ToString();
     return s.ok() ? testing::OpenOrFail(*pool_, "v") : nullptr;
+  }
+
+  // "v" with block 0 written (pattern 5) and flushed, then overwritten in
+  // place (pattern 6, own unshared block) without a flush.
+  std::shared_ptr<Volume> OverwrittenInPlace() {
+    std::shared_ptr<Volume> v = NewVolume();
+    if (v == nullptr) return nullptr;
+    EXPECT_OK(v->Write(0, testing::Pattern(kBs, 5)));
+    EXPECT_OK(v->Flush());
+    EXPECT_OK(v->Write(0, testing::Pattern(kBs, 6)));
+    return v;
+  }
+
+  // Provisioning (fallocate) writes zeroes into new blocks: `commit` must
+  // sync them.
+  void ExpectProvisionedZeroesSyncedBy(const std::function<Status()>& commit) {
+    std::shared_ptr<Volume> v = NewVolume();
+    ASSERT_NE(v, nullptr);
+    ASSERT_OK(v->Flush());
+    const uint64_t syncs = data_->sync_count();
+    ASSERT_OK(v->Provision(0, 2 * kBs));
+    ASSERT_OK(commit());
+    EXPECT_EQ(data_->sync_count(), syncs + 1);
   }
 
   std::vector<std::byte> Read(const std::string& name, uint64_t off, size_t n) {
@@ -86,13 +113,7 @@ TEST_F(CommitSyncTest, SnapshotAfterUnflushedWritesMakesThemDurable) {
 }
 
 TEST_F(CommitSyncTest, ProvisionedZeroesAreSyncedByTheNextCommit) {
-  std::shared_ptr<Volume> v = NewVolume();
-  ASSERT_NE(v, nullptr);
-  ASSERT_OK(v->Flush());
-  const uint64_t syncs = data_->sync_count();
-  ASSERT_OK(v->Provision(0, 2 * kBs));
-  ASSERT_OK(v->Flush());
-  EXPECT_EQ(data_->sync_count(), syncs + 1);
+  ExpectProvisionedZeroesSyncedBy([&] { return pool_->Commit(); });
 }
 
 // The race the flag's ordering closes: a commit (the periodic one, say)
@@ -118,6 +139,140 @@ TEST_F(CommitSyncTest, InPlaceOverwriteRacingACommitIsDurableAfterTheNextFlush) 
   ASSERT_OK(v->Flush());
   PowerCut();
   EXPECT_EQ(Read("v", 0, kBs), testing::Pattern(kBs, 6));
+}
+
+// --- The periodic commit (PoolOptions::sync_overwrites) ------------------
+// By default it syncs every write. With sync_overwrites off it syncs the
+// data only when it writes mappings to new data; overwrites in place wait
+// for an explicit commit, as with ext4's data=ordered.
+
+TEST_F(CommitSyncTest, ByDefaultThePeriodicCommitSyncsOverwritesInPlace) {
+  ASSERT_TRUE(f.options.sync_overwrites);
+  std::shared_ptr<Volume> v = OverwrittenInPlace();
+  ASSERT_NE(v, nullptr);
+  const uint64_t syncs = data_->sync_count();
+  ASSERT_OK(pool_->PeriodicCommitForTesting());
+  EXPECT_EQ(data_->sync_count(), syncs + 1);
+  PowerCut();
+  EXPECT_EQ(Read("v", 0, kBs), testing::Pattern(kBs, 6));
+}
+
+class PeriodicCommitTest : public CommitSyncTest {
+ protected:
+  void SetUp() override {
+    f.options.sync_overwrites = false;
+    f.CleanReopen();
+  }
+};
+
+TEST_F(PeriodicCommitTest, LeavesOverwritesInPlaceToTheNextFlush) {
+  std::shared_ptr<Volume> v = OverwrittenInPlace();
+  ASSERT_NE(v, nullptr);
+  const uint64_t syncs = data_->sync_count();
+  // (It still commits the device's new mtime.)
+  ASSERT_OK(pool_->PeriodicCommitForTesting());
+  EXPECT_EQ(data_->sync_count(), syncs) << "no mapping needs the overwrite";
+  ASSERT_OK(v->Flush());
+  EXPECT_EQ(data_->sync_count(), syncs + 1) << "the flush must sync what the periodic left";
+  PowerCut();
+  EXPECT_EQ(Read("v", 0, kBs), testing::Pattern(kBs, 6));
+}
+
+// The periodic commit must leave data_dirty set for what it did not sync:
+// the snapshot's commit then syncs it, or the snapshot would lose a write
+// made before it.
+TEST_F(PeriodicCommitTest, ASnapshotAfterItSyncsTheOverwritesItLeft) {
+  std::shared_ptr<Volume> v = OverwrittenInPlace();
+  ASSERT_NE(v, nullptr);
+  ASSERT_OK(pool_->PeriodicCommitForTesting());
+  ASSERT_TRUE(pool_->CreateSnapshot("v", "s").ok());
+  PowerCut();
+  EXPECT_EQ(Read("v", 0, kBs), testing::Pattern(kBs, 6));
+  EXPECT_EQ(Read("s", 0, kBs), testing::Pattern(kBs, 6));
+}
+
+TEST_F(PeriodicCommitTest, WithoutAFlushMayLoseOnlyTheOverwrite) {
+  std::shared_ptr<Volume> v = NewVolume();
+  ASSERT_NE(v, nullptr);
+  ASSERT_OK(v->Write(0, testing::Pattern(2 * kBs, 5)));
+  ASSERT_OK(v->Flush());
+  ASSERT_OK(v->Write(kBs, testing::Pattern(kBs, 6)));  // in place
+  ASSERT_OK(pool_->PeriodicCommitForTesting());
+  PowerCut();
+  // The fault-injecting device drops every unsynced write: the overwrite is
+  // gone, the block reads what the last flush made durable, never anything
+  // else.
+  EXPECT_EQ(Read("v", 0, 2 * kBs), testing::Pattern(2 * kBs, 5));
+}
+
+TEST_F(PeriodicCommitTest, SyncsNewBlocksAndTheOverwritesWithThem) {
+  std::shared_ptr<Volume> v = NewVolume();
+  ASSERT_NE(v, nullptr);
+  ASSERT_OK(v->Write(0, testing::Pattern(kBs, 5)));
+  ASSERT_OK(v->Flush());
+  ASSERT_OK(v->Write(0, testing::Pattern(kBs, 6)));       // in place
+  ASSERT_OK(v->Write(8 * kBs, testing::Pattern(kBs, 7)));  // provisions a block
+  const uint64_t syncs = data_->sync_count();
+  ASSERT_OK(pool_->PeriodicCommitForTesting());
+  EXPECT_EQ(data_->sync_count(), syncs + 1);
+  PowerCut();
+  EXPECT_EQ(Read("v", 0, kBs), testing::Pattern(kBs, 6));
+  EXPECT_EQ(Read("v", 8 * kBs, kBs), testing::Pattern(kBs, 7));
+}
+
+TEST_F(PeriodicCommitTest, SyncsProvisionedZeroes) {
+  ExpectProvisionedZeroesSyncedBy([&] { return pool_->PeriodicCommitForTesting(); });
+}
+
+// Copy-on-write into a snapshot's shared block, its copy owed to the commit
+// (deferred_copy) or made at once: the periodic commit must sync the new
+// block before its mapping, or after a power cut the device would read a
+// block that holds neither its old nor its new bytes.
+TEST_F(PeriodicCommitTest, SyncsCopyOnWriteCopies) {
+  for (uint64_t deferred : {uint64_t{1} << 20, uint64_t{0}}) {
+    SCOPED_TRACE("deferred_copy_bytes " + std::to_string(deferred));
+    f.options.deferred_copy_bytes = deferred;
+    f.CleanReopen();
+    const std::string origin = "o" + std::to_string(deferred);
+    const std::string snap = "s" + std::to_string(deferred);
+    ASSERT_TRUE(pool_->CreateDevice(origin, 4 * kBs).ok());
+    std::shared_ptr<Volume> o = testing::OpenOrFail(*pool_, origin);
+    ASSERT_NE(o, nullptr);
+    ASSERT_OK(o->Write(0, testing::Pattern(4 * kBs, 8)));
+    ASSERT_OK(o->Flush());
+    ASSERT_TRUE(pool_->CreateSnapshot(origin, snap).ok());
+    // A partial write to each of two shared blocks.
+    ASSERT_OK(o->Write(100, testing::Pattern(300, 9)));
+    ASSERT_OK(o->Write(2 * kBs + 1000, testing::Pattern(50, 10)));
+    ASSERT_OK(pool_->PeriodicCommitForTesting());
+    PowerCut();
+    std::vector<std::byte> want = testing::Pattern(4 * kBs, 8);
+    std::vector<std::byte> a = testing::Pattern(300, 9), b = testing::Pattern(50, 10);
+    std::copy(a.begin(), a.end(), want.begin() + 100);
+    std::copy(b.begin(), b.end(), want.begin() + 2 * kBs + 1000);
+    EXPECT_EQ(Read(origin, 0, 4 * kBs), want);
+    EXPECT_EQ(Read(snap, 0, 4 * kBs), testing::Pattern(4 * kBs, 8));
+  }
+}
+
+// The new-data flag's ordering: a periodic commit that runs while a write
+// to a new block is under way must not consume the flag meant for that
+// write's mapping, which the next periodic commit writes.
+TEST_F(PeriodicCommitTest, NewBlockWriteRacingAPeriodicCommitIsSyncedByTheNextOne) {
+  std::shared_ptr<Volume> v = NewVolume();
+  ASSERT_NE(v, nullptr);
+  ASSERT_OK(v->Flush());
+  bool ran = false;
+  f.data_forwarder->before_write = [&] {
+    Status s = pool_->PeriodicCommitForTesting();
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    ran = true;
+  };
+  ASSERT_OK(v->Write(4 * kBs, testing::Pattern(kBs, 11)));  // provisions
+  ASSERT_TRUE(ran);
+  ASSERT_OK(pool_->PeriodicCommitForTesting());
+  PowerCut();
+  EXPECT_EQ(Read("v", 4 * kBs, kBs), testing::Pattern(kBs, 11));
 }
 
 }  // namespace

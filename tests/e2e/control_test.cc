@@ -258,6 +258,63 @@ TEST_F(ControlTest, SnapshotCowWritesReadBackWithCopiesDeferredOrNot) {
   EXPECT_EQ(check.exit_code, 0) << check.output;
 }
 
+// The periodic commit syncs the data file for overwrites in place unless
+// -o sync_overwrites=off, where they wait for fsync (PoolOptions::
+// sync_overwrites). Seen through status's counters, asked on the control
+// socket by this process: the written fd stays open and nothing forks, as
+// any close of it (even a forked child's) sends FLUSH, which commits.
+class SyncOverwritesTest : public ControlTest, public ::testing::WithParamInterface<bool> {
+ protected:
+  JsonValue Counters() {
+    Result<std::string> request = EncodeAdminRequest(AdminRequest{"status", {}});
+    EXPECT_TRUE(request.ok());
+    if (!request.ok()) return JsonValue{};
+    std::optional<AdminReply> reply = RawExchange(*request);
+    EXPECT_TRUE(reply.has_value());
+    if (!reply) return JsonValue{};
+    EXPECT_EQ(reply->exit_code, kAdminOk) << reply->error;
+    return ParseJson(reply->json)["counters"];
+  }
+};
+
+TEST_P(SyncOverwritesTest, PeriodicCommitSyncsOverwritesUnlessTurnedOff) {
+  const bool sync_overwrites = GetParam();
+  FormatPool("64M", "64K");
+  ASSERT_EQ(MountForeground(sync_overwrites ? "commit_interval=20ms"
+                                            : "commit_interval=20ms,sync_overwrites=off"),
+            "");
+  ExpectOk(Thinfs({"create", pool_, "v", "--size", "1M"}), "create");
+  int fd = open(Vol("v").c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  const std::vector<char> block = Pattern(1, 0, 65536);
+  ASSERT_EQ(pwrite(fd, block.data(), block.size(), 0), 65536);
+  ASSERT_EQ(fsync(fd), 0) << strerror(errno);  // the new block: synced
+  const uint64_t syncs = Counters()["data_syncs"].AsUint();
+  const uint64_t commits = Counters()["commits"].AsUint();
+  EXPECT_GE(syncs, 1u);
+  const std::vector<char> w = Pattern(2, 0, 4096);
+  ASSERT_EQ(pwrite(fd, w.data(), w.size(), 8192), 4096);  // in place
+  // The write's new mtime makes the next periodic commit write something;
+  // wait for it (up to 20 s on a loaded machine).
+  JsonValue c = Counters();
+  for (int i = 0; i < 2000 && c["commits"].AsUint() == commits; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    c = Counters();
+  }
+  ASSERT_GT(c["commits"].AsUint(), commits) << "no periodic commit ran";
+  EXPECT_EQ(c["data_syncs"].AsUint(), sync_overwrites ? syncs + 1 : syncs);
+  // fsync syncs what the periodic commit left, and nothing twice.
+  ASSERT_EQ(fsync(fd), 0) << strerror(errno);
+  EXPECT_EQ(Counters()["data_syncs"].AsUint(), syncs + 1);
+  close(fd);
+  ASSERT_EQ(Unmount(), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, SyncOverwritesTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? "Default" : "SyncOverwritesOff";
+                         });
+
 // `thinfs umount` returns only once the daemon has made its final commit
 // and let go of the pool, so the next command can use the pool at once. A
 // stopped daemon makes the window as wide as the test wants: the kernel
