@@ -201,6 +201,15 @@ struct Pool::Impl {
   // the mapping is installed. An overwrite in place sets only data_dirty:
   // without sync_overwrites the periodic commit leaves that to fsync.
   std::atomic<bool> new_data{false};
+
+  // Records a completed data write for the next commit: only after the
+  // write, since Commit syncs the data only when it finds the flags set. A
+  // write of new data (a block whose mapping is not committed yet) must
+  // also be recorded before that mapping is installed.
+  void NoteDataWritten(bool new_block) {
+    data_dirty.store(true, std::memory_order_relaxed);
+    if (new_block) new_data.store(true, std::memory_order_relaxed);
+  }
   std::atomic<bool> failed{false};      // sticky: commit or I/O failed
   std::string failure;                  // guarded by commit_mu
 
@@ -622,9 +631,7 @@ struct Pool::Impl {
       if (exclusive) {
         if (zeros && whole) return DiscardBlockLocked(vol, b);
         Status s = copies.Write(own->value.block, off, buf);
-        // Only after the write: Commit syncs the data only when it finds
-        // the flag set, so the flag must never be seen before the write.
-        data_dirty.store(true, std::memory_order_relaxed);
+        NoteDataWritten(/*new_block=*/false);
         return s;
       }
     }
@@ -675,8 +682,7 @@ struct Pool::Impl {
       space->Free(p);
       return s;
     }
-    data_dirty.store(true, std::memory_order_relaxed);
-    new_data.store(true, std::memory_order_relaxed);
+    NoteDataWritten(/*new_block=*/true);
     return InstallVersion(vol, b, e, own, before, MapValue{p, 0});
   }
 
@@ -784,6 +790,10 @@ struct Pool::Impl {
     // Owed copy-on-write copies, before the data sync: every mapping this
     // commit writes points at a complete block. (A copy is owed only by a
     // write whose edit is in this commit or the next.)
+    // New data (these copies too) must be synced; overwrites in place a
+    // periodic commit syncs only with sync_overwrites. One data sync covers
+    // both.
+    bool must_sync = new_data.exchange(false);
     if (copies.size() != 0) {
       Status cs = copies.CompleteAll();
       if (!cs.ok()) {
@@ -792,12 +802,8 @@ struct Pool::Impl {
         Log(0, "commit failed, the pool stops writing until 'thinfs check': " + failure);
         return cs;
       }
-      data_dirty.store(true);
-      new_data.store(true);
+      must_sync = true;
     }
-    // A periodic commit syncs overwrites in place only with sync_overwrites;
-    // new data it must sync, and then the one data sync covers everything.
-    const bool must_sync = new_data.exchange(false);
     bool data_written = false;
     if (must_sync || kind == CommitKind::kExplicit || options.sync_overwrites) {
       data_written = data_dirty.exchange(false) || must_sync;
@@ -1405,8 +1411,7 @@ Status Volume::Provision(uint64_t offset, uint64_t length) {
       p.space->Free(pb);
       return s;
     }
-    p.data_dirty.store(true);
-    p.new_data.store(true);
+    p.NoteDataWritten(/*new_block=*/true);
     THINFS_RETURN_IF_ERROR(p.InstallVersion(st, b, e, own, before, MapValue{pb, 0}));
   }
   return Status::Ok();
