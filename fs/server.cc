@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <fuse_lowlevel.h>
 #include <linux/falloc.h>
+#include <linux/fuse.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -597,6 +598,28 @@ void SetOpenFlags(Server* server, VolumeId id, fuse_file_info* fi) {
   }
 }
 
+// Replies to an open as fuse_reply_open would, and for a direct-I/O open
+// also says FOPEN_PARALLEL_DIRECT_WRITES (FUSE 7.36, Linux 6.2), which
+// libfuse 3.14's fuse_file_info has no bit for. Without it the kernel holds
+// the inode lock exclusively across each direct write's whole round trip,
+// so threads writing one volume file with O_DIRECT (qemu cache=none with
+// aio=threads, fio --direct=1 --numjobs=N) take turns. With it they share
+// the lock, unless the write extends the file, appends, or another open of
+// the inode uses the page cache (the kernel checks each write). The reply
+// body is a fuse_open_out and nothing else, so it goes as a buffer. Kernels
+// before 6.2 ignore the flag they do not know.
+int ReplyOpen(fuse_req_t req, const fuse_file_info* fi) {
+  if (!fi->direct_io) return fuse_reply_open(req, fi);
+  static_assert(sizeof(fuse_open_out) == 16, "the FUSE open reply's wire size");
+  fuse_open_out out{};
+  out.fh = fi->fh;
+  out.open_flags = FOPEN_DIRECT_IO | FOPEN_PARALLEL_DIRECT_WRITES;
+  if (fi->keep_cache) out.open_flags |= FOPEN_KEEP_CACHE;
+  if (fi->nonseekable) out.open_flags |= FOPEN_NONSEEKABLE;
+  if (fi->noflush) out.open_flags |= FOPEN_NOFLUSH;
+  return fuse_reply_buf(req, reinterpret_cast<const char*>(&out), sizeof(out));
+}
+
 void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) noexcept {
   Guarded(req, "open", [&] {
     if (ino == kRootIno) {
@@ -612,7 +635,7 @@ void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) noexcept {
     }
     fi->fh = reinterpret_cast<uint64_t>(*handle);
     SetOpenFlags(server, id, fi);
-    if (fuse_reply_open(req, fi) != 0) {
+    if (ReplyOpen(req, fi) != 0) {
       // The opener went away (interrupted): no release will come.
       server->CloseHandle(*handle);
     }
