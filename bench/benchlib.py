@@ -109,16 +109,21 @@ class Daemon:
         self.log.close()
 
 
-def supports_direct(path):
-    """True if `path` opens with O_DIRECT and serves an aligned read."""
+def supports_direct(path, write=False):
+    """True if `path` opens with O_DIRECT and serves an aligned 4 KiB read
+    (with write: and takes the same bytes back at the same place, as
+    libfuse's passthrough_ll does not: it writes the request's unaligned
+    buffer to its O_DIRECT file and gets EINVAL)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        fd = os.open(path, (os.O_RDWR if write else os.O_RDONLY) | os.O_DIRECT)
     except OSError:
         return False
     try:
         import mmap
         buf = mmap.mmap(-1, 4096)
         os.preadv(fd, [buf], 0)
+        if write:
+            os.pwritev(fd, [buf], 0)
         return True
     except OSError:
         return False

@@ -58,7 +58,8 @@ class Target:
         self.prewrite = prewrite
         self.reset = reset
         self.semantics = semantics
-        self.direct_ok = None
+        self.direct_ok = None  # O_DIRECT reads work
+        self.direct_write_ok = None  # and writes
 
 
 def qcow2_fill(image, size):
@@ -153,6 +154,7 @@ class Stack:
             if t.reset:
                 t.reset()
             t.direct_ok = supports_direct(t.fio_file)
+            t.direct_write_ok = supports_direct(t.fio_file, write=True)
 
     def _setup_passthrough(self, name, binary, stem, size):
         src, mnt = self.path(f"{stem}-src"), self.path(f"{stem}-mnt")
