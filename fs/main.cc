@@ -178,6 +178,7 @@ int OpenAndServe(const MountOptions& options, const std::string& pool_root,
   config.read_only = options.read_only;
   config.allow_other = options.allow_other;
   config.writeback_cache = options.writeback_cache;
+  config.page_cache = options.page_cache;
   config.max_threads = options.threads;
   config.max_idle_threads = std::min(config.max_idle_threads, options.threads);
   config.root_uid = root_st.st_uid;

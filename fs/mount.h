@@ -47,6 +47,9 @@ struct MountOptions {
   // system can (XFS, btrfs).
   bool reflink = true;
   bool writeback_cache = false;
+  // The kernel's page cache for volume files; off: every open is direct I/O
+  // (FOPEN_DIRECT_IO, with parallel direct writes), as if opened O_DIRECT.
+  bool page_cache = true;
   // FUSE worker threads at most: how many requests are served at once.
   unsigned threads = 32;
   std::string log_level = "info";
@@ -77,6 +80,9 @@ struct MountOptions {
 //   reflink=on|off              COW copies reflinked in the data file where
 //                               its file system can (default on)
 //   writeback_cache=on|off      kernel writeback cache (default off)
+//   page_cache=on|off           the kernel's page cache for volume files
+//                               (default on; off: every open is direct I/O;
+//                               not with writeback_cache=on)
 //   threads=N                   FUSE worker threads at most, 1-1024 (default 32)
 //   log_level=error|warning|info|debug
 //   low_water=SIZE|N%           warn (log, status) when free space falls below

@@ -149,6 +149,9 @@ Result<MountOptions> ParseMountOptions(const std::string& pool, const std::strin
     } else if (key == "writeback_cache") {
       THINFS_RETURN_IF_ERROR(require_value());
       THINFS_ASSIGN_OR_RETURN(opts.writeback_cache, ParseBool(key, value));
+    } else if (key == "page_cache") {
+      THINFS_RETURN_IF_ERROR(require_value());
+      THINFS_ASSIGN_OR_RETURN(opts.page_cache, ParseBool(key, value));
     } else if (key == "threads") {
       THINFS_RETURN_IF_ERROR(require_value());
       uint64_t n = 0;
@@ -204,6 +207,12 @@ Result<MountOptions> ParseMountOptions(const std::string& pool, const std::strin
     } else {
       return Status::InvalidArgument("unknown mount option '" + key + "'");
     }
+  }
+  if (opts.writeback_cache && !opts.page_cache) {
+    // The writeback cache is the page cache holding writes back: with no
+    // page cache there is nothing for it to do.
+    return Status::InvalidArgument(
+        "options writeback_cache=on and page_cache=off exclude each other");
   }
   return opts;
 }

@@ -408,9 +408,10 @@ void OnInit(void* userdata, fuse_conn_info* conn) noexcept {
   }
   THINFS_LOG_INFO(
       "FUSE protocol %u.%u, max_write %u, max_readahead %u, max_background %u, "
-      "up to %u worker threads, capable 0x%x, want 0x%x",
+      "up to %u worker threads, page cache %s, capable 0x%x, want 0x%x",
       conn->proto_major, conn->proto_minor, conn->max_write, conn->max_readahead,
-      conn->max_background, server->config().max_threads, conn->capable, conn->want);
+      conn->max_background, server->config().max_threads,
+      server->config().page_cache ? "on" : "off (direct I/O)", conn->capable, conn->want);
   GuardedNoReply("init", [&] { server->Ready(); });
 }
 
@@ -588,7 +589,7 @@ void OnRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t ne
 }
 
 void SetOpenFlags(Server* server, VolumeId id, fuse_file_info* fi) {
-  if (fi->flags & O_DIRECT) {
+  if ((fi->flags & O_DIRECT) || !server->config().page_cache) {
     fi->direct_io = 1;
     fi->keep_cache = 0;
     // Writes through this handle bypass the page cache of cached opens.

@@ -41,6 +41,9 @@ struct ServeConfig {
   bool read_only = false;
   bool allow_other = false;
   bool writeback_cache = false;
+  // Off: every open of a volume file is answered as an O_DIRECT one
+  // (FOPEN_DIRECT_IO | FOPEN_PARALLEL_DIRECT_WRITES): no kernel page cache.
+  bool page_cache = true;
   // The root directory shows the pool directory's owner and times.
   uid_t root_uid = 0;
   gid_t root_gid = 0;

@@ -280,6 +280,37 @@ TEST_F(FuseTest, ThreadsOptionSetsTheWorkerLimit) {
   EXPECT_NE(Log().find("up to 32 worker threads"), std::string::npos) << Log();
 }
 
+// -o page_cache=on|off reaches the daemon (it logs it at INIT); a bad value
+// and the combination with writeback_cache=on are refused before anything
+// is mounted.
+TEST_F(FuseTest, PageCacheOptionReachesTheDaemon) {
+  FormatPool("64M");
+  for (const char* bad : {"page_cache=maybe", "page_cache", "writeback_cache=on,page_cache=off"}) {
+    CommandResult r = MountDaemon(bad);
+    EXPECT_NE(r.exit_code, 0) << bad;
+    EXPECT_NE(r.output.find("page_cache"), std::string::npos) << r.output;
+    EXPECT_FALSE(IsThinfsMounted(mnt_)) << bad;
+  }
+  ASSERT_EQ(MountForeground("page_cache=off"), "");
+  EXPECT_NE(Log().find("page cache off"), std::string::npos) << Log();
+  // Unaligned writes and reads through plain tools, then the same bytes
+  // after a remount with the page cache.
+  const std::string src = dir_ + "/src";
+  Truncate("v", "1M");
+  CommandResult dd = RunCommand("head -c 300001 /dev/urandom > " + ShellQuote(src) +
+                                " && dd if=" + ShellQuote(src) + " of=" + ShellQuote(Vol("v")) +
+                                " bs=3000 seek=1 oflag=seek_bytes conv=notrunc status=none" +
+                                " && cmp -i 0:1 -n 300001 " + ShellQuote(src) + " " +
+                                ShellQuote(Vol("v")));
+  EXPECT_EQ(dd.exit_code, 0) << dd.output;
+  ASSERT_EQ(Unmount(), "");
+  ASSERT_EQ(MountForeground(), "");
+  EXPECT_NE(Log().find("page cache on"), std::string::npos) << Log();
+  CommandResult cmp = RunCommand("cmp -i 0:1 -n 300001 " + ShellQuote(src) + " " +
+                                 ShellQuote(Vol("v")));
+  EXPECT_EQ(cmp.exit_code, 0) << cmp.output;
+}
+
 // The attachment README recommends for a block device over a volume:
 // losetup --direct-io=on (the loop driver then submits asynchronous direct
 // I/O to the volume file instead of one buffered request at a time). A

@@ -7,6 +7,7 @@
 #include <linux/aio_abi.h>
 #include <linux/falloc.h>
 #include <sys/syscall.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/xattr.h>
@@ -129,6 +130,7 @@ class ServerTest : public ::testing::Test {
     config.root_uid = getuid();
     config.root_gid = getgid();
     config.counts = &counts_;
+    config.page_cache = page_cache_;
     return config;
   }
 
@@ -178,6 +180,7 @@ class ServerTest : public ::testing::Test {
   std::thread serve_thread_;
   Status serve_status_;
   mutable RequestCounts counts_;  // Config() is const
+  bool page_cache_ = true;  // ServeConfig::page_cache of the next Mount()
   bool serving_ = false;
 };
 
@@ -539,6 +542,67 @@ TEST_F(ServerTest, ParallelDirectWritesIntoTheSameBlocksLoseNothing) {
   EXPECT_EQ(UsedBlocks(), 2 * kBlocks);
   ASSERT_TRUE(pool_->Commit().ok());
   EXPECT_EQ(ReadAt("v", 0, size), expected(2)) << "after the commit";
+}
+
+// -o page_cache=off: every open is direct I/O, so plain (buffered) writes
+// from several threads reach the daemon at once too, which with the page
+// cache they cannot (the kernel holds the inode lock across a write-through).
+TEST_F(GatedServerTest, PageCacheOffServesBufferedWritesAtOnce) {
+  constexpr int kWriters = 4;
+  page_cache_ = false;
+  GateBlockDevice* gate = nullptr;
+  ASSERT_NO_FATAL_FAILURE(MountOverGate(&gate));
+  MakeFile("v", kWriters * kBlockSize);
+  WriteAt("v", 0, Pattern(1, 0, kWriters * kBlockSize));
+  Fd fd(open(Path("v").c_str(), O_RDWR));
+  ASSERT_GE(fd.get(), 0) << strerror(errno);
+  gate->Arm(kWriters, std::chrono::seconds(5), GateBlockDevice::Op::kWrite);
+  std::vector<ssize_t> written(kWriters, -1);
+  std::vector<std::thread> writers;
+  for (int i = 0; i < kWriters; ++i) {
+    writers.emplace_back([&, i] {
+      std::vector<char> data = Pattern(30 + i, 0, 100);
+      written[i] = pwrite(fd.get(), data.data(), data.size(), static_cast<off_t>(i * kBlockSize + 7));
+    });
+  }
+  for (std::thread& t : writers) t.join();
+  for (int i = 0; i < kWriters; ++i) EXPECT_EQ(written[i], 100) << "writer " << i;
+  EXPECT_EQ(gate->max_inside(), kWriters) << "buffered writes to one file served at once";
+  for (int i = 0; i < kWriters; ++i) {
+    EXPECT_EQ(ReadAt("v", i * kBlockSize + 7, 100), Pattern(30 + i, 0, 100)) << "block " << i;
+  }
+}
+
+// With the page cache off, unaligned I/O of any size works as before, every
+// read is a request (nothing is cached in the kernel, so nothing can go
+// stale), a shared mapping is refused (the kernel cannot keep one coherent
+// without FUSE_DIRECT_IO_ALLOW_MMAP, which libfuse 3.14 cannot ask for) and
+// a private one still reads the file.
+TEST_F(ServerTest, PageCacheOffReadsEveryTimeAndRefusesSharedMappings) {
+  page_cache_ = false;
+  Mount();
+  MakeFile("v", 4 * kBlockSize);
+  WriteAt("v", 3, Pattern(2, 0, kBlockSize + 10));
+  EXPECT_EQ(ReadAt("v", 3, kBlockSize + 10), Pattern(2, 0, kBlockSize + 10));
+  Fd fd(open(Path("v").c_str(), O_RDWR));
+  ASSERT_GE(fd.get(), 0) << strerror(errno);
+  char buf[10];
+  for (int i = 0; i < 3; ++i) {
+    uint64_t before = counts_.read.load();
+    ASSERT_EQ(pread(fd.get(), buf, sizeof(buf), 3), static_cast<ssize_t>(sizeof(buf)));
+    EXPECT_EQ(counts_.read.load(), before + 1) << "read " << i << " was not a request";
+    EXPECT_EQ(std::vector<char>(buf, buf + sizeof(buf)), Pattern(2, 0, sizeof(buf)));
+  }
+  errno = 0;
+  void* shared = mmap(nullptr, kBlockSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  EXPECT_EQ(shared, MAP_FAILED);
+  EXPECT_EQ(errno, ENODEV);
+  if (shared != MAP_FAILED) munmap(shared, kBlockSize);
+  void* priv = mmap(nullptr, kBlockSize, PROT_READ, MAP_PRIVATE, fd.get(), 0);
+  ASSERT_NE(priv, MAP_FAILED) << strerror(errno);
+  EXPECT_EQ(std::vector<char>(static_cast<char*>(priv) + 3, static_cast<char*>(priv) + 13),
+            Pattern(2, 0, 10));
+  munmap(priv, kBlockSize);
 }
 
 TEST_F(ServerTest, SeekDataAndHoleFollowTheBlockMap) {
