@@ -52,6 +52,14 @@ class FuseTest : public E2eTest {
     CommandResult r = RunCommand("truncate -s " + size + " " + ShellQuote(Vol(name)));
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
+
+  // `thinfs mount -o bad` fails, naming `named`, before anything is mounted.
+  void ExpectRefusedBeforeMounting(const std::string& bad, const std::string& named) {
+    CommandResult r = MountDaemon(bad);
+    EXPECT_NE(r.exit_code, 0) << bad;
+    EXPECT_NE(r.output.find(named), std::string::npos) << r.output;
+    EXPECT_FALSE(IsThinfsMounted(mnt_)) << bad;
+  }
 };
 
 TEST_F(FuseTest, DaemonIsUsableWhenMountReturnsAndUnmountEndsIt) {
@@ -268,10 +276,7 @@ TEST_F(FuseTest, Ext4OnLoopDeviceAndFstrimGivesSpaceBack) {
 TEST_F(FuseTest, ThreadsOptionSetsTheWorkerLimit) {
   FormatPool("64M");
   for (const char* bad : {"threads=0", "threads=1025", "threads=x", "threads"}) {
-    CommandResult r = MountDaemon(bad);
-    EXPECT_NE(r.exit_code, 0) << bad;
-    EXPECT_NE(r.output.find("threads"), std::string::npos) << r.output;
-    EXPECT_FALSE(IsThinfsMounted(mnt_)) << bad;
+    ExpectRefusedBeforeMounting(bad, "threads");
   }
   ASSERT_EQ(MountForeground("threads=3"), "");
   EXPECT_NE(Log().find("up to 3 worker threads"), std::string::npos) << Log();
@@ -286,10 +291,7 @@ TEST_F(FuseTest, ThreadsOptionSetsTheWorkerLimit) {
 TEST_F(FuseTest, PageCacheOptionReachesTheDaemon) {
   FormatPool("64M");
   for (const char* bad : {"page_cache=maybe", "page_cache", "writeback_cache=on,page_cache=off"}) {
-    CommandResult r = MountDaemon(bad);
-    EXPECT_NE(r.exit_code, 0) << bad;
-    EXPECT_NE(r.output.find("page_cache"), std::string::npos) << r.output;
-    EXPECT_FALSE(IsThinfsMounted(mnt_)) << bad;
+    ExpectRefusedBeforeMounting(bad, "page_cache");
   }
   ASSERT_EQ(MountForeground("page_cache=off"), "");
   EXPECT_NE(Log().find("page cache off"), std::string::npos) << Log();

@@ -13,9 +13,11 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -263,23 +265,38 @@ TEST_F(ServerTest, WritePastEndGrowsLikeAFile) {
   EXPECT_EQ(info->size, 3 * kBlockSize + 1005);
 }
 
+// A 4 KiB-aligned buffer, as O_DIRECT wants.
+class AlignedBuffer {
+ public:
+  explicit AlignedBuffer(size_t size) {
+    void* raw = nullptr;
+    if (posix_memalign(&raw, 4096, size) == 0) data_ = static_cast<char*>(raw);
+  }
+  ~AlignedBuffer() { free(data_); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  char* data() const { return data_; }
+
+ private:
+  char* data_ = nullptr;
+};
+
 TEST_F(ServerTest, DirectIoOpenWorks) {
   Mount();
   MakeFile("v", 8 * kBlockSize);
   const size_t size = 3 * kBlockSize;
-  void* raw = nullptr;
-  ASSERT_EQ(posix_memalign(&raw, 4096, size), 0);
-  std::unique_ptr<void, decltype(&free)> buf(raw, &free);
+  AlignedBuffer buf(size);
+  ASSERT_NE(buf.data(), nullptr);
   std::vector<char> want = Pattern(5, 4096, size);
-  memcpy(buf.get(), want.data(), size);
+  memcpy(buf.data(), want.data(), size);
   {
     Fd fd(open(Path("v").c_str(), O_RDWR | O_DIRECT));
     ASSERT_GE(fd.get(), 0) << strerror(errno);
-    ASSERT_EQ(pwrite(fd.get(), buf.get(), size, 4096), static_cast<ssize_t>(size))
+    ASSERT_EQ(pwrite(fd.get(), buf.data(), size, 4096), static_cast<ssize_t>(size))
         << strerror(errno);
-    memset(buf.get(), 0, size);
-    ASSERT_EQ(pread(fd.get(), buf.get(), size, 4096), static_cast<ssize_t>(size));
-    EXPECT_EQ(memcmp(buf.get(), want.data(), size), 0);
+    memset(buf.data(), 0, size);
+    ASSERT_EQ(pread(fd.get(), buf.data(), size, 4096), static_cast<ssize_t>(size));
+    EXPECT_EQ(memcmp(buf.data(), want.data(), size), 0);
   }
   // A buffered reader sees what the direct writer wrote.
   EXPECT_EQ(ReadAt("v", 4096, size), want);
@@ -354,22 +371,51 @@ class GatedServerTest : public ServerTest {
     Mount();
     ASSERT_NE(*gate, nullptr);
   }
-};
 
-// A 4 KiB-aligned buffer, as O_DIRECT wants.
-class AlignedBuffer {
- public:
-  explicit AlignedBuffer(size_t size) {
-    void* raw = nullptr;
-    if (posix_memalign(&raw, 4096, size) == 0) data_ = static_cast<char*>(raw);
+  // Mounts over the gate a file "v" of `writers` mapped blocks (so that each
+  // write below is one overwrite in place), opens it with `open_flags`, and
+  // has `writers` threads each write `size` bytes of Pattern(seed + i) at
+  // i * kBlockSize + skew, with the gate armed for that many writes. Checks
+  // every write and what each block reads back; *inside gets the most
+  // writes the gate saw inside at once.
+  void WriteFromThreadsAtOnce(int writers, int open_flags, size_t size, uint64_t skew, int seed,
+                              int* inside) {
+    GateBlockDevice* gate = nullptr;
+    ASSERT_NO_FATAL_FAILURE(MountOverGate(&gate));
+    MakeFile("v", writers * kBlockSize);
+    WriteAt("v", 0, Pattern(1, 0, writers * kBlockSize));
+    Fd fd(open(Path("v").c_str(), open_flags));
+    ASSERT_GE(fd.get(), 0) << strerror(errno);
+    std::vector<std::unique_ptr<AlignedBuffer>> bufs;
+    for (int i = 0; i < writers; ++i) {
+      bufs.push_back(std::make_unique<AlignedBuffer>(size));
+      ASSERT_NE(bufs.back()->data(), nullptr);
+      memcpy(bufs.back()->data(), Pattern(seed + i, 0, size).data(), size);
+    }
+    // Generous: the gate opens as soon as all are in; the deadline only
+    // bounds a failing run.
+    gate->Arm(writers, std::chrono::seconds(5), GateBlockDevice::Op::kWrite);
+    std::vector<ssize_t> written(writers, -1);
+    std::vector<int> errors(writers, 0);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < writers; ++i) {
+      threads.emplace_back([&, i] {
+        written[i] = pwrite(fd.get(), bufs[i]->data(), size,
+                            static_cast<off_t>(i * kBlockSize + skew));
+        errors[i] = errno;
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    *inside = gate->max_inside();
+    for (int i = 0; i < writers; ++i) {
+      EXPECT_EQ(written[i], static_cast<ssize_t>(size))
+          << "writer " << i << ": " << strerror(errors[i]);
+      std::vector<char> want = Pattern(1, i * kBlockSize, kBlockSize);
+      std::vector<char> data = Pattern(seed + i, 0, size);
+      std::copy(data.begin(), data.end(), want.begin() + static_cast<ptrdiff_t>(skew));
+      EXPECT_EQ(ReadAt("v", i * kBlockSize, kBlockSize), want) << "block " << i;
+    }
   }
-  ~AlignedBuffer() { free(data_); }
-  AlignedBuffer(const AlignedBuffer&) = delete;
-  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
-  char* data() const { return data_; }
-
- private:
-  char* data_ = nullptr;
 };
 
 // A loop device with direct I/O (losetup --direct-io=on) keeps many
@@ -392,16 +438,15 @@ TEST_F(GatedServerTest, ServesManyDirectIoRequestsAtOnce) {
   ASSERT_EQ(syscall(SYS_io_setup, kReads, &ctx), 0) << strerror(errno);
   std::unique_ptr<aio_context_t, void (*)(aio_context_t*)> ctx_guard(
       &ctx, [](aio_context_t* c) { syscall(SYS_io_destroy, *c); });
-  void* raw = nullptr;
-  ASSERT_EQ(posix_memalign(&raw, 4096, kReads * 4096), 0);
-  std::unique_ptr<void, decltype(&free)> bufs(raw, &free);
+  AlignedBuffer bufs(kReads * 4096);
+  ASSERT_NE(bufs.data(), nullptr);
   std::vector<iocb> cbs(kReads);
   std::vector<iocb*> ptrs(kReads);
   for (int i = 0; i < kReads; ++i) {
     cbs[i] = iocb{};
     cbs[i].aio_fildes = static_cast<uint32_t>(fd.get());
     cbs[i].aio_lio_opcode = IOCB_CMD_PREAD;
-    cbs[i].aio_buf = reinterpret_cast<uint64_t>(static_cast<char*>(bufs.get()) + i * 4096);
+    cbs[i].aio_buf = reinterpret_cast<uint64_t>(bufs.data() + i * 4096);
     cbs[i].aio_nbytes = 4096;
     cbs[i].aio_offset = static_cast<int64_t>(i * kBlockSize);
     ptrs[i] = &cbs[i];
@@ -419,8 +464,7 @@ TEST_F(GatedServerTest, ServesManyDirectIoRequestsAtOnce) {
   }
   for (const io_event& e : events) EXPECT_EQ(e.res, 4096);
   for (int i = 0; i < kReads; ++i) {
-    std::vector<char> got(static_cast<char*>(bufs.get()) + i * 4096,
-                          static_cast<char*>(bufs.get()) + (i + 1) * 4096);
+    std::vector<char> got(bufs.data() + i * 4096, bufs.data() + (i + 1) * 4096);
     EXPECT_EQ(got, Pattern(9, i * kBlockSize, 4096)) << "read " << i;
   }
   EXPECT_EQ(gate->max_inside(), kReads) << "direct-I/O reads served at once";
@@ -433,45 +477,10 @@ TEST_F(GatedServerTest, ServesManyDirectIoRequestsAtOnce) {
 // turns: the gate then sees one write at a time.
 TEST_F(GatedServerTest, DirectWritesFromManyThreadsRunAtOnce) {
   constexpr int kWriters = 4;
-  GateBlockDevice* gate = nullptr;
-  ASSERT_NO_FATAL_FAILURE(MountOverGate(&gate));
-  MakeFile("v", kWriters * kBlockSize);
-  // Map every block first, so each write below is one overwrite in place.
-  WriteAt("v", 0, Pattern(1, 0, kWriters * kBlockSize));
-
-  Fd fd(open(Path("v").c_str(), O_RDWR | O_DIRECT));
-  ASSERT_GE(fd.get(), 0) << strerror(errno);
-  std::vector<std::vector<char>> want(kWriters);
-  std::vector<std::unique_ptr<AlignedBuffer>> bufs;
-  for (int i = 0; i < kWriters; ++i) {
-    want[i] = Pattern(20 + i, 0, 4096);
-    bufs.push_back(std::make_unique<AlignedBuffer>(4096));
-    ASSERT_NE(bufs.back()->data(), nullptr);
-    memcpy(bufs.back()->data(), want[i].data(), 4096);
-  }
-  // Generous: the gate opens as soon as all are in; the deadline only
-  // bounds a failing run.
-  gate->Arm(kWriters, std::chrono::seconds(5), GateBlockDevice::Op::kWrite);
-  std::vector<ssize_t> written(kWriters, -1);
-  std::vector<int> errors(kWriters, 0);
-  std::vector<std::thread> writers;
-  for (int i = 0; i < kWriters; ++i) {
-    writers.emplace_back([&, i] {
-      written[i] = pwrite(fd.get(), bufs[i]->data(), 4096, static_cast<off_t>(i * kBlockSize));
-      errors[i] = errno;
-    });
-  }
-  for (std::thread& t : writers) t.join();
-  for (int i = 0; i < kWriters; ++i) {
-    EXPECT_EQ(written[i], 4096) << "writer " << i << ": " << strerror(errors[i]);
-  }
-  EXPECT_EQ(gate->max_inside(), kWriters) << "direct writes to one file served at once";
-  for (int i = 0; i < kWriters; ++i) {
-    EXPECT_EQ(ReadAt("v", i * kBlockSize, 4096), want[i]) << "block " << i;
-    EXPECT_EQ(ReadAt("v", i * kBlockSize + 4096, kBlockSize - 4096),
-              Pattern(1, i * kBlockSize + 4096, kBlockSize - 4096))
-        << "block " << i;
-  }
+  int inside = 0;
+  ASSERT_NO_FATAL_FAILURE(WriteFromThreadsAtOnce(kWriters, O_RDWR | O_DIRECT, 4096,
+                                                 /*skew=*/0, /*seed=*/20, &inside));
+  EXPECT_EQ(inside, kWriters) << "direct writes to one file served at once";
 }
 
 // Now that direct writes to one file run in parallel, several of them land
@@ -550,27 +559,10 @@ TEST_F(ServerTest, ParallelDirectWritesIntoTheSameBlocksLoseNothing) {
 TEST_F(GatedServerTest, PageCacheOffServesBufferedWritesAtOnce) {
   constexpr int kWriters = 4;
   page_cache_ = false;
-  GateBlockDevice* gate = nullptr;
-  ASSERT_NO_FATAL_FAILURE(MountOverGate(&gate));
-  MakeFile("v", kWriters * kBlockSize);
-  WriteAt("v", 0, Pattern(1, 0, kWriters * kBlockSize));
-  Fd fd(open(Path("v").c_str(), O_RDWR));
-  ASSERT_GE(fd.get(), 0) << strerror(errno);
-  gate->Arm(kWriters, std::chrono::seconds(5), GateBlockDevice::Op::kWrite);
-  std::vector<ssize_t> written(kWriters, -1);
-  std::vector<std::thread> writers;
-  for (int i = 0; i < kWriters; ++i) {
-    writers.emplace_back([&, i] {
-      std::vector<char> data = Pattern(30 + i, 0, 100);
-      written[i] = pwrite(fd.get(), data.data(), data.size(), static_cast<off_t>(i * kBlockSize + 7));
-    });
-  }
-  for (std::thread& t : writers) t.join();
-  for (int i = 0; i < kWriters; ++i) EXPECT_EQ(written[i], 100) << "writer " << i;
-  EXPECT_EQ(gate->max_inside(), kWriters) << "buffered writes to one file served at once";
-  for (int i = 0; i < kWriters; ++i) {
-    EXPECT_EQ(ReadAt("v", i * kBlockSize + 7, 100), Pattern(30 + i, 0, 100)) << "block " << i;
-  }
+  int inside = 0;
+  ASSERT_NO_FATAL_FAILURE(WriteFromThreadsAtOnce(kWriters, O_RDWR, 100, /*skew=*/7,
+                                                 /*seed=*/30, &inside));
+  EXPECT_EQ(inside, kWriters) << "buffered writes to one file served at once";
 }
 
 // With the page cache off, unaligned I/O of any size works as before, every
