@@ -271,7 +271,7 @@ def main():
                    help=f"comma-separated, of: {', '.join(TARGETS + OPT_IN)}")
     p.add_argument("--jobs", default=",".join(j[0] for j in JOBS),
                    help="comma-separated, of: " + ", ".join(j[0] for j in JOBS + OPT_IN_JOBS)
-                   + " (default: all but the last two)")
+                   + " (default: all but " + ", ".join(j[0] for j in OPT_IN_JOBS) + ")")
     p.add_argument("--compare", action="append", default=[], metavar="A,B",
                    help="also print Student's t of B vs A (repeatable)")
     p.add_argument("--block-size", default="64K")
@@ -380,9 +380,9 @@ def main():
                 for job in jobs:
                     for t in targets:
                         target = stack.targets[t]
+                        writes = job[1] not in ("read", "randread")
                         if "--direct=1" in job[4] and not (
-                                target.direct_write_ok if "write" in job[1] or job[1] == "randrw"
-                                else target.direct_ok):
+                                target.direct_write_ok if writes else target.direct_ok):
                             results[t][job[0]] = None
                             continue
                         if target.reset:
