@@ -109,6 +109,9 @@ void NotifyEntryChanged(const std::string& name);
 // Tell the kernel that the attributes and the data of device `id` may have
 // changed; its cached pages are dropped.
 void NotifyInodeChanged(VolumeId id);
+// Tell the kernel to drop its cached pages of bytes [offset, offset +
+// length) of device `id`, whose contents changed other than through them.
+void NotifyRangeChanged(VolumeId id, uint64_t offset, uint64_t length);
 
 // Delete and resize for the control socket. While RunMount serves a mount
 // they go through its FUSE server: a deleted device still open in the mount

@@ -42,7 +42,8 @@ namespace {
 constexpr fuse_ino_t kRootIno = FUSE_ROOT_ID;
 // Every change to the namespace and to file contents goes through this
 // daemon (the control socket invalidates explicitly), so the kernel may
-// cache for a while; one second bounds the staleness of anything missed.
+// cache for a while; one second bounds the staleness of any attribute
+// missed. Cached file data has no such bound: see PagesChanged.
 constexpr double kAttrTimeout = 1.0;
 constexpr double kEntryTimeout = 1.0;
 constexpr uint64_t kNameMax = 128;
@@ -69,6 +70,17 @@ timespec TimespecOf(int64_t ns) {
 
 int64_t NsOf(const timespec& ts) { return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec; }
 
+// What the kernel may hold in its page cache of one device, shared by the
+// device's open handles (Server::OpenEntry). The mount does not ask for
+// FUSE_CAP_AUTO_INVAL_DATA, so the kernel keeps a file's pages until they
+// are dropped explicitly; PagesChanged keeps them true to the device.
+struct PageCacheState {
+  // Handles open with the page cache (not direct I/O).
+  std::atomic<int> cached_opens{0};
+  // A change bypassed the page cache: the next cached open keeps no pages.
+  std::atomic<bool> stale{false};
+};
+
 // An open device file; fi->fh points to one.
 struct FileHandle {
   std::shared_ptr<Volume> volume;
@@ -81,6 +93,9 @@ struct FileHandle {
   // not necessarily the one that dirtied them, so close(2) of a handle must
   // commit if any handle's write-back reached us since the last commit.
   std::shared_ptr<std::atomic<bool>> device_dirty;
+  // Shared by every handle of the device; uses_cache is set once, at open.
+  std::shared_ptr<PageCacheState> cache;
+  bool uses_cache = false;
 };
 
 // An open root directory: a snapshot of the listing taken at opendir, so
@@ -179,23 +194,47 @@ class Server {
     handle->volume = std::move(volume);
     handle->id = id;
     OpenEntry& entry = open_[id];
-    entry.count++;
+    if (entry.count++ == 0 && stale_.erase(id) > 0) entry.cache->stale.store(true);
     if (entry.volume.expired()) entry.volume = handle->volume;
     handle->device_dirty = entry.dirty;
+    handle->cache = entry.cache;
     live_files_.insert(handle.get());
     return handle.release();
   }
 
-  // Whether a cached (non-direct) open may keep the kernel's pages of `id`:
-  // not if its contents changed behind the page cache since.
-  bool TakeKeepCache(VolumeId id) {
-    MutexLock l(&mu_);
-    return stale_.erase(id) == 0;
+  // Counts `handle` as using the page cache, and says whether its open may
+  // keep the kernel's pages of the device: not if they went stale since.
+  // The count goes up before the flag is read, and PagesChanged sets the
+  // flag before it reads the count, so a change racing this open is caught
+  // by one or the other.
+  static bool UseCache(FileHandle& handle) {
+    handle.uses_cache = true;
+    handle.cache->cached_opens.fetch_add(1);
+    return !handle.cache->stale.exchange(false);
+  }
+
+  // The bytes [offset, offset + length) of `handle`'s device changed other
+  // than through the kernel's page cache (the kernel may or may not have
+  // dropped the pages itself). Drops them now if a cached open may be
+  // reading them, and in any case when the next cached open comes. Called
+  // after the change is in the pool, outside the engine's locks: the
+  // kernel may wait on pages locked by reads other workers serve.
+  void PagesChanged(const FileHandle& handle, uint64_t offset, uint64_t length) {
+    PageCacheState& cache = *handle.cache;
+    if (!cache.stale.load()) cache.stale.store(true);
+    if (cache.cached_opens.load() == 0 || length == 0) return;
+    counts_->invalidations.fetch_add(1, std::memory_order_relaxed);
+    NotifyRangeChanged(handle.id, offset, length);
   }
 
   void MarkStale(VolumeId id) {
     MutexLock l(&mu_);
-    stale_.insert(id);
+    auto it = open_.find(id);
+    if (it != open_.end()) {
+      it->second.cache->stale.store(true);
+    } else {
+      stale_.insert(id);
+    }
   }
 
   void CloseHandle(FileHandle* handle) {
@@ -203,8 +242,11 @@ class Server {
     bool delete_now = false;
     {
       MutexLock l(&mu_);
+      if (handle->uses_cache) handle->cache->cached_opens.fetch_sub(1);
       auto it = open_.find(id);
       if (it != open_.end() && --it->second.count == 0) {
+        // The kernel keeps the pages after the last close.
+        if (it->second.cache->stale.load()) stale_.insert(id);
         open_.erase(it);
         delete_now = detached_.erase(id) > 0;
       }
@@ -299,6 +341,7 @@ class Server {
     int count = 0;
     std::weak_ptr<Volume> volume;
     std::shared_ptr<std::atomic<bool>> dirty = std::make_shared<std::atomic<bool>>(false);
+    std::shared_ptr<PageCacheState> cache = std::make_shared<PageCacheState>();
   };
   Status RemoveNameLocked(const std::string& name, VolumeId id) REQUIRES(mu_) {
     if (open_.count(id) == 0) return pool_->DeleteDevice(name);
@@ -397,12 +440,20 @@ void OnInit(void* userdata, fuse_conn_info* conn) noexcept {
   conn->congestion_threshold = 48;
   conn->time_gran = 1;
   unsigned want = FUSE_CAP_ASYNC_DIO | FUSE_CAP_PARALLEL_DIROPS | FUSE_CAP_ASYNC_READ |
-                  FUSE_CAP_AUTO_INVAL_DATA | FUSE_CAP_READDIRPLUS;
+                  FUSE_CAP_READDIRPLUS;
   if (server->config().writeback_cache) want |= FUSE_CAP_WRITEBACK_CACHE;
   conn->want |= want & conn->capable;
   // We never implement O_TRUNC atomically in open; truncation comes as
   // setattr.
   conn->want &= ~FUSE_CAP_ATOMIC_O_TRUNC;
+  // libfuse asks for AUTO_INVAL_DATA by default. With it, a read after a
+  // write costs a GETATTR round trip (the write made the kernel's mtime
+  // stale), and as the daemon's mtime differs from the kernel's, the reply
+  // drops every cached page of the file. Every change of a volume's
+  // contents goes through this mount or this daemon, so the daemon drops
+  // what a change bypassing the page cache made stale (PagesChanged,
+  // NotifyInodeChanged) instead.
+  conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
   if (server->config().writeback_cache && !(conn->capable & FUSE_CAP_WRITEBACK_CACHE)) {
     THINFS_LOG_WARNING("kernel lacks the writeback cache; mounting without it");
   }
@@ -588,14 +639,14 @@ void OnRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t ne
   });
 }
 
-void SetOpenFlags(Server* server, VolumeId id, fuse_file_info* fi) {
+// Writes through a direct-I/O handle bypass the page cache of cached
+// opens; OnWrite drops what they change (PagesChanged).
+void SetOpenFlags(Server* server, fuse_file_info* fi) {
   if ((fi->flags & O_DIRECT) || !server->config().page_cache) {
     fi->direct_io = 1;
     fi->keep_cache = 0;
-    // Writes through this handle bypass the page cache of cached opens.
-    server->MarkStale(id);
   } else {
-    fi->keep_cache = server->TakeKeepCache(id) ? 1 : 0;
+    fi->keep_cache = Server::UseCache(*FileOf(fi)) ? 1 : 0;
   }
 }
 
@@ -635,7 +686,7 @@ void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) noexcept {
       return;
     }
     fi->fh = reinterpret_cast<uint64_t>(*handle);
-    SetOpenFlags(server, id, fi);
+    SetOpenFlags(server, fi);
     if (ReplyOpen(req, fi) != 0) {
       // The opener went away (interrupted): no release will come.
       server->CloseHandle(*handle);
@@ -656,7 +707,7 @@ void OnCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
       return;
     }
     fi->fh = reinterpret_cast<uint64_t>(*handle);
-    SetOpenFlags(server, info->id, fi);
+    SetOpenFlags(server, fi);
     fuse_entry_param e = server->EntryOf(*info);
     if (fuse_reply_create(req, &e, fi) != 0) server->CloseHandle(*handle);
   });
@@ -708,6 +759,7 @@ void OnWrite(fuse_req_t req, fuse_ino_t, const char* data, size_t size, off_t of
     if (server->config().writeback_cache) {
       handle->device_dirty->store(true, std::memory_order_relaxed);
     }
+    if (!handle->uses_cache) server->PagesChanged(*handle, offset, size);
     fuse_reply_write(req, size);
   });
 }
@@ -904,7 +956,10 @@ void OnFallocate(fuse_req_t req, fuse_ino_t, int mode, off_t off, off_t len,
     }
     if (op != 0) {
       handle->dirty.store(true, std::memory_order_relaxed);
-      }
+      // The kernel drops these pages itself (truncate_pagecache_range);
+      // this does not depend on which kernels do so for which modes.
+      server->PagesChanged(*handle, offset, static_cast<uint64_t>(len));
+    }
     fuse_reply_err(req, 0);
   });
 }
@@ -962,6 +1017,8 @@ void OnCopyFileRange(fuse_req_t req, fuse_ino_t, off_t off_in, fuse_file_info* f
       return;
     }
     dst->dirty.store(true, std::memory_order_relaxed);
+    // As for fallocate: the kernel drops the destination's pages too.
+    server->PagesChanged(*dst, out, n);
     fuse_reply_write(req, n);
   });
 }
@@ -1011,6 +1068,7 @@ fuse_lowlevel_ops MakeOps() {
 Mutex g_session_mu;
 fuse_session* g_session GUARDED_BY(g_session_mu) = nullptr;
 Server* g_server GUARDED_BY(g_session_mu) = nullptr;
+
 
 // libfuse reports why a mount failed through its log; keep the last error
 // so that Serve() can return it.
@@ -1113,11 +1171,14 @@ Status Serve(Pool* pool, const ServeConfig& config, std::function<void()> on_rea
   fuse_session_destroy(se);
   server.CloseLeftoverHandles();
   RequestCounts& n = server.counts();
-  THINFS_LOG_INFO("served %llu reads, %llu writes, %llu getattrs, %llu xattr requests",
-                  static_cast<unsigned long long>(n.read.load()),
-                  static_cast<unsigned long long>(n.write.load()),
-                  static_cast<unsigned long long>(n.getattr.load()),
-                  static_cast<unsigned long long>(n.xattr.load()));
+  THINFS_LOG_INFO(
+      "served %llu reads, %llu writes, %llu getattrs, %llu xattr requests; dropped %llu "
+      "ranges of cached pages",
+      static_cast<unsigned long long>(n.read.load()),
+      static_cast<unsigned long long>(n.write.load()),
+      static_cast<unsigned long long>(n.getattr.load()),
+      static_cast<unsigned long long>(n.xattr.load()),
+      static_cast<unsigned long long>(n.invalidations.load()));
   if (rc < 0) return Status::FromErrno(-rc, "FUSE loop");
   if (rc > 0) THINFS_LOG_INFO("got signal %d, unmounted %s", rc, config.mountpoint.c_str());
   return Status::Ok();
@@ -1129,6 +1190,19 @@ void NotifyEntryChanged(const std::string& name) {
   int rc = fuse_lowlevel_notify_inval_entry(g_session, kRootIno, name.c_str(), name.size());
   if (rc != 0 && rc != -ENOENT) {
     THINFS_LOG_WARNING("invalidate entry %s: %s", name.c_str(), strerror(-rc));
+  }
+}
+
+void NotifyRangeChanged(VolumeId id, uint64_t offset, uint64_t length) {
+  MutexLock l(&g_session_mu);
+  if (g_session == nullptr) return;
+  int rc = fuse_lowlevel_notify_inval_inode(g_session, InoOf(id), static_cast<off_t>(offset),
+                                            static_cast<off_t>(length));
+  if (rc != 0 && rc != -ENOENT) {
+    THINFS_LOG_WARNING("invalidate %llu bytes at %llu of device %llu: %s",
+                       static_cast<unsigned long long>(length),
+                       static_cast<unsigned long long>(offset),
+                       static_cast<unsigned long long>(id.value), strerror(-rc));
   }
 }
 

@@ -33,6 +33,9 @@ struct RequestCounts {
   std::atomic<uint64_t> write{0};
   std::atomic<uint64_t> getattr{0};
   std::atomic<uint64_t> xattr{0};  // get/set/list/removexattr
+  // Ranges of cached pages the daemon told the kernel to drop, because a
+  // change bypassed them (a direct-I/O write, fallocate, copy_file_range).
+  std::atomic<uint64_t> invalidations{0};
 };
 
 struct ServeConfig {
