@@ -245,10 +245,11 @@ class Server {
       if (handle->uses_cache) handle->cache->cached_opens.fetch_sub(1);
       auto it = open_.find(id);
       if (it != open_.end() && --it->second.count == 0) {
-        // The kernel keeps the pages after the last close.
-        if (it->second.cache->stale.load()) stale_.insert(id);
-        open_.erase(it);
         delete_now = detached_.erase(id) > 0;
+        // The kernel keeps the pages after the last close, unless the
+        // device goes with it.
+        if (it->second.cache->stale.load() && !delete_now) stale_.insert(id);
+        open_.erase(it);
       }
       live_files_.erase(handle);
     }
@@ -344,7 +345,11 @@ class Server {
     std::shared_ptr<PageCacheState> cache = std::make_shared<PageCacheState>();
   };
   Status RemoveNameLocked(const std::string& name, VolumeId id) REQUIRES(mu_) {
-    if (open_.count(id) == 0) return pool_->DeleteDevice(name);
+    if (open_.count(id) == 0) {
+      Status s = pool_->DeleteDevice(name);
+      if (s.ok()) stale_.erase(id);
+      return s;
+    }
     THINFS_RETURN_IF_ERROR(pool_->DetachName(name));
     detached_.insert(id);
     return Status::Ok();
