@@ -756,6 +756,8 @@ void OnWrite(fuse_req_t req, fuse_ino_t, const char* data, size_t size, off_t of
       s = handle->volume->Write(offset,
                                 std::span(reinterpret_cast<const std::byte*>(data), size));
     }
+    // Also after a failed write, which may have written part of the range.
+    if (!handle->uses_cache) server->PagesChanged(*handle, offset, size);
     if (!s.ok()) {
       ReplyError(req, s, "write");
       return;
@@ -764,7 +766,6 @@ void OnWrite(fuse_req_t req, fuse_ino_t, const char* data, size_t size, off_t of
     if (server->config().writeback_cache) {
       handle->device_dirty->store(true, std::memory_order_relaxed);
     }
-    if (!handle->uses_cache) server->PagesChanged(*handle, offset, size);
     fuse_reply_write(req, size);
   });
 }
@@ -955,16 +956,17 @@ void OnFallocate(fuse_req_t req, fuse_ino_t, int mode, off_t off, off_t len,
       fuse_reply_err(req, EOPNOTSUPP);
       return;
     }
+    if (op != 0) {
+      // The kernel drops these pages itself (truncate_pagecache_range) after
+      // a success; this does not depend on which kernels do so for which
+      // modes, and covers a failure part way.
+      server->PagesChanged(*handle, offset, static_cast<uint64_t>(len));
+    }
     if (!s.ok()) {
       ReplyError(req, s, "fallocate");
       return;
     }
-    if (op != 0) {
-      handle->dirty.store(true, std::memory_order_relaxed);
-      // The kernel drops these pages itself (truncate_pagecache_range);
-      // this does not depend on which kernels do so for which modes.
-      server->PagesChanged(*handle, offset, static_cast<uint64_t>(len));
-    }
+    if (op != 0) handle->dirty.store(true, std::memory_order_relaxed);
     fuse_reply_err(req, 0);
   });
 }
@@ -1017,13 +1019,13 @@ void OnCopyFileRange(fuse_req_t req, fuse_ino_t, off_t off_in, fuse_file_info* f
     }
     Status s = server->GrowTo(*dst->volume, dst->id, out + n);
     if (s.ok()) s = server->pool()->ShareRange(src->id, in, dst->id, out, n);
+    // As for fallocate: the kernel drops the destination's pages too.
+    server->PagesChanged(*dst, out, n);
     if (!s.ok()) {
       ReplyError(req, s, "copy_file_range");
       return;
     }
     dst->dirty.store(true, std::memory_order_relaxed);
-    // As for fallocate: the kernel drops the destination's pages too.
-    server->PagesChanged(*dst, out, n);
     fuse_reply_write(req, n);
   });
 }

@@ -967,6 +967,39 @@ TEST_F(ServerTest, DirectoriesLinksAndSpecialFilesArePermissionErrors) {
   EXPECT_EQ(errno, ENOTSUP);
 }
 
+// A direct write that fails part way (the pool fills between its two
+// blocks) has still changed the first block: a cached reader must see what
+// the pool holds, so the daemon drops the range after a failure too.
+TEST_F(ServerTest, DirectWriteFailingPartWayDropsPagesToo) {
+  Mount(4);
+  MakeFile("fill", 3 * kBlockSize);
+  WriteAt("fill", 0, Pattern(1, 0, 3 * kBlockSize));
+  MakeFile("v", 2 * kBlockSize);  // two holes, one free block
+  Fd direct(open(Path("v").c_str(), O_WRONLY | O_DIRECT));
+  ASSERT_GE(direct.get(), 0) << strerror(errno);
+  Fd reader(open(Path("v").c_str(), O_RDONLY));
+  ASSERT_GE(reader.get(), 0) << strerror(errno);
+  const size_t size = 2 * 4096;
+  const uint64_t at = kBlockSize - 4096;
+  std::vector<char> got(size);
+  ASSERT_EQ(pread(reader.get(), got.data(), size, at), static_cast<ssize_t>(size));
+  ASSERT_EQ(got, std::vector<char>(size, 0));
+  AlignedBuffer buf(size);
+  ASSERT_NE(buf.data(), nullptr);
+  std::vector<char> data = Pattern(2, 0, size);
+  memcpy(buf.data(), data.data(), size);
+  uint64_t drops = counts_.invalidations.load();
+  errno = 0;
+  EXPECT_EQ(pwrite(direct.get(), buf.data(), size, at), -1);
+  EXPECT_EQ(errno, ENOSPC);
+  EXPECT_EQ(counts_.invalidations.load(), drops + 1) << "no drop after the failed write";
+  // Block 0 took its half; block 1 found no space and stays a hole.
+  std::vector<char> want(size, 0);
+  std::copy(data.begin(), data.begin() + 4096, want.begin());
+  ASSERT_EQ(pread(reader.get(), got.data(), size, at), static_cast<ssize_t>(size));
+  EXPECT_EQ(got, want);
+}
+
 TEST_F(ServerTest, FullPoolGivesEnospcAndKeepsEarlierData) {
   Mount(16);
   MakeFile("v", 64 * kBlockSize);
