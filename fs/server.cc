@@ -1076,6 +1076,18 @@ Mutex g_session_mu;
 fuse_session* g_session GUARDED_BY(g_session_mu) = nullptr;
 Server* g_server GUARDED_BY(g_session_mu) = nullptr;
 
+// Drops the kernel's cached pages of [offset, offset + length) of device
+// `id` (length 0: all of them); the kernel drops its attributes too.
+void DropPagesLocked(VolumeId id, uint64_t offset, uint64_t length) REQUIRES(g_session_mu) {
+  int rc = fuse_lowlevel_notify_inval_inode(g_session, InoOf(id), static_cast<off_t>(offset),
+                                            static_cast<off_t>(length));
+  if (rc != 0 && rc != -ENOENT) {
+    THINFS_LOG_WARNING("invalidate %llu bytes at %llu of device %llu (0: all): %s",
+                       static_cast<unsigned long long>(length),
+                       static_cast<unsigned long long>(offset),
+                       static_cast<unsigned long long>(id.value), strerror(-rc));
+  }
+}
 
 // libfuse reports why a mount failed through its log; keep the last error
 // so that Serve() can return it.
@@ -1203,25 +1215,14 @@ void NotifyEntryChanged(const std::string& name) {
 void NotifyRangeChanged(VolumeId id, uint64_t offset, uint64_t length) {
   MutexLock l(&g_session_mu);
   if (g_session == nullptr) return;
-  int rc = fuse_lowlevel_notify_inval_inode(g_session, InoOf(id), static_cast<off_t>(offset),
-                                            static_cast<off_t>(length));
-  if (rc != 0 && rc != -ENOENT) {
-    THINFS_LOG_WARNING("invalidate %llu bytes at %llu of device %llu: %s",
-                       static_cast<unsigned long long>(length),
-                       static_cast<unsigned long long>(offset),
-                       static_cast<unsigned long long>(id.value), strerror(-rc));
-  }
+  DropPagesLocked(id, offset, length);
 }
 
 void NotifyInodeChanged(VolumeId id) {
   MutexLock l(&g_session_mu);
   if (g_session == nullptr) return;
   g_server->MarkStale(id);
-  int rc = fuse_lowlevel_notify_inval_inode(g_session, InoOf(id), 0, 0);
-  if (rc != 0 && rc != -ENOENT) {
-    THINFS_LOG_WARNING("invalidate inode of device %llu: %s",
-                       static_cast<unsigned long long>(id.value), strerror(-rc));
-  }
+  DropPagesLocked(id, 0, 0);
 }
 
 Status DeleteDeviceServed(Pool* pool, const std::string& name) {

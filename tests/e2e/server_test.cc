@@ -273,6 +273,10 @@ class AlignedBuffer {
     void* raw = nullptr;
     if (posix_memalign(&raw, 4096, size) == 0) data_ = static_cast<char*>(raw);
   }
+  // Holds a copy of `bytes`.
+  explicit AlignedBuffer(const std::vector<char>& bytes) : AlignedBuffer(bytes.size()) {
+    if (data_ != nullptr) memcpy(data_, bytes.data(), bytes.size());
+  }
   ~AlignedBuffer() { free(data_); }
   AlignedBuffer(const AlignedBuffer&) = delete;
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
@@ -286,10 +290,9 @@ TEST_F(ServerTest, DirectIoOpenWorks) {
   Mount();
   MakeFile("v", 8 * kBlockSize);
   const size_t size = 3 * kBlockSize;
-  AlignedBuffer buf(size);
-  ASSERT_NE(buf.data(), nullptr);
   std::vector<char> want = Pattern(5, 4096, size);
-  memcpy(buf.data(), want.data(), size);
+  AlignedBuffer buf(want);
+  ASSERT_NE(buf.data(), nullptr);
   {
     Fd fd(open(Path("v").c_str(), O_RDWR | O_DIRECT));
     ASSERT_GE(fd.get(), 0) << strerror(errno);
@@ -357,10 +360,9 @@ TEST_F(ServerTest, CachedReadersSeeEveryChangeAtOnce) {
 
   // An O_DIRECT write (answered FOPEN_DIRECT_IO).
   {
-    AlignedBuffer buf(2 * 4096);
-    ASSERT_NE(buf.data(), nullptr);
     std::vector<char> data = Pattern(3, 0, 2 * 4096);
-    memcpy(buf.data(), data.data(), data.size());
+    AlignedBuffer buf(data);
+    ASSERT_NE(buf.data(), nullptr);
     ASSERT_EQ(pwrite(direct.get(), buf.data(), data.size(), kBlockSize + 4096),
               static_cast<ssize_t>(data.size()))
         << strerror(errno);
@@ -520,9 +522,8 @@ class GatedServerTest : public ServerTest {
     ASSERT_GE(fd.get(), 0) << strerror(errno);
     std::vector<std::unique_ptr<AlignedBuffer>> bufs;
     for (int i = 0; i < writers; ++i) {
-      bufs.push_back(std::make_unique<AlignedBuffer>(size));
+      bufs.push_back(std::make_unique<AlignedBuffer>(Pattern(seed + i, 0, size)));
       ASSERT_NE(bufs.back()->data(), nullptr);
-      memcpy(bufs.back()->data(), Pattern(seed + i, 0, size).data(), size);
     }
     // Generous: the gate opens as soon as all are in; the deadline only
     // bounds a failing run.
@@ -704,10 +705,9 @@ TEST_F(GatedServerTest, DirectWriteDropsPagesAReaderFilledWhileItRan) {
   ASSERT_GE(direct.get(), 0) << strerror(errno);
   const size_t size = 2 * 4096;
   const uint64_t at = kBlockSize - 4096;
-  AlignedBuffer buf(size);
-  ASSERT_NE(buf.data(), nullptr);
   std::vector<char> new_bytes = Pattern(2, 0, size);
-  memcpy(buf.data(), new_bytes.data(), size);
+  AlignedBuffer buf(new_bytes);
+  ASSERT_NE(buf.data(), nullptr);
   std::vector<char> got(4096);
   {
     Fd reader(open(Path("v").c_str(), O_RDONLY));
@@ -984,10 +984,9 @@ TEST_F(ServerTest, DirectWriteFailingPartWayDropsPagesToo) {
   std::vector<char> got(size);
   ASSERT_EQ(pread(reader.get(), got.data(), size, at), static_cast<ssize_t>(size));
   ASSERT_EQ(got, std::vector<char>(size, 0));
-  AlignedBuffer buf(size);
-  ASSERT_NE(buf.data(), nullptr);
   std::vector<char> data = Pattern(2, 0, size);
-  memcpy(buf.data(), data.data(), size);
+  AlignedBuffer buf(data);
+  ASSERT_NE(buf.data(), nullptr);
   uint64_t drops = counts_.invalidations.load();
   errno = 0;
   EXPECT_EQ(pwrite(direct.get(), buf.data(), size, at), -1);
