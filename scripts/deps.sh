@@ -11,6 +11,7 @@ PACKAGES=(
   fio e2fsprogs util-linux thin-provisioning-tools
   qemu-system-common qemu-utils btrfs-progs gnuplot-nox ministat  # bench/fio_compare.py's peers (btrfs also: tests/e2e/reflink_host_test.cc)
   xfsprogs  # a reflinking host for the pool (docs/benchmarks.md, lever 11)
+  qemu-system-x86 busybox-static  # scripts/kernel-vm.sh: the tests on Debian 12's kernel
   clang
 )
 
