@@ -49,10 +49,18 @@ here=$(dirname "$(realpath "$0")")
 if [[ ! -e $dir/vmlinuz || ! -e $dir/initrd.gz ]]; then
   rm -rf "$dir/kernel" "$dir/initrd" "$dir/vmlinuz" "$dir/initrd.gz"
   mkdir -p "$dir/kernel"
-  pkg=$(apt-cache depends linux-image-amd64 |
-    sed -n 's/^ *Depends: \(linux-image-[0-9].*\)$/\1/p' | head -1)
+  kernel_package() {
+    { apt-cache depends linux-image-amd64 2>/dev/null || true; } |
+      sed -n '/^ *Depends: linux-image-[0-9]/{s/^ *Depends: //p;q}'
+  }
+  pkg=$(kernel_package)
   if [[ -z $pkg ]]; then
-    echo "kernel-vm: apt knows no linux-image-amd64 (apt-get update?)" >&2
+    # No package lists yet (a fresh container with every package present).
+    DEBIAN_FRONTEND=noninteractive apt-get update -q
+    pkg=$(kernel_package)
+  fi
+  if [[ -z $pkg ]]; then
+    echo "kernel-vm: apt knows no linux-image-amd64" >&2
     exit 1
   fi
   # apt-get download writes into the current directory, as _apt if it can.
