@@ -663,8 +663,10 @@ void SetOpenFlags(Server* server, fuse_file_info* fi) {
 // aio=threads, fio --direct=1 --numjobs=N) take turns. With it they share
 // the lock, unless the write extends the file, appends, or another open of
 // the inode uses the page cache (the kernel checks each write). The reply
-// body is a fuse_open_out and nothing else, so it goes as a buffer. Kernels
-// before 6.2 ignore the flag they do not know.
+// body is a fuse_open_out and nothing else, so it goes as a buffer. The flag
+// came in Linux 6.2, and Debian 12's 6.1 has it too (its FUSE says 7.38;
+// DirectWritesFromManyThreadsRunAtOnce passes there); kernels without it
+// ignore the flag.
 int ReplyOpen(fuse_req_t req, const fuse_file_info* fi) {
   if (!fi->direct_io) return fuse_reply_open(req, fi);
   static_assert(sizeof(fuse_open_out) == 16, "the FUSE open reply's wire size");
