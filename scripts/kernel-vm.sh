@@ -19,7 +19,9 @@
 # kernel and the initramfs between runs; delete it to start over. The
 # kernel comes from apt (apt-get download from the machine's Debian mirror),
 # unpacked, not installed. qemu emulates the CPU (TCG): it needs no
-# /dev/kvm and behaves the same everywhere; THINFS_VM_ACCEL=kvm uses KVM.
+# /dev/kvm and behaves the same everywhere; THINFS_VM_ACCEL=kvm uses KVM
+# (hardware KVM only: a kvm_pvm host, with no vmx flag and no kvm_intel,
+# runs only kernels built as PVM guests, and Debian's hangs there).
 # Needs root, qemu-system-x86 and busybox-static (scripts/deps.sh).
 set -euo pipefail
 

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -32,14 +33,28 @@ constexpr uint64_t kBs = 64 * 1024;
 
 class BitmapSpaceMapTest : public ::testing::Test {
  protected:
+  // A "threadsafe" death test runs the test again in a child process (a new
+  // exec of this binary), which runs SetUp again and then dies inside
+  // EXPECT_DEATH without reaching TearDown. So the parent names its directory
+  // in the environment, and a child makes its own inside it: the parent's
+  // TearDown removes both.
+  static constexpr const char* kParentDirEnv = "THINFS_BITMAP_TEST_PARENT_DIR";
+
   void SetUp() override {
-    char tmpl[] = "/tmp/thinfs_bitmap_XXXXXX";
-    char* p = ::mkdtemp(tmpl);
-    ASSERT_NE(p, nullptr);
+    const char* parent = std::getenv(kParentDirEnv);
+    std::string tmpl = parent != nullptr ? std::string(parent) + "/child_XXXXXX"
+                                         : std::string("/tmp/thinfs_bitmap_XXXXXX");
+    char* p = ::mkdtemp(tmpl.data());
+    ASSERT_NE(p, nullptr) << tmpl << ": " << std::strerror(errno);
     dir_ = p;
     path_ = dir_ + "/bitmap";
+    if (parent == nullptr) {
+      ASSERT_EQ(::setenv(kParentDirEnv, dir_.c_str(), 1), 0);
+      owns_env_ = true;
+    }
   }
   void TearDown() override {
+    if (owns_env_) ::unsetenv(kParentDirEnv);
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
   }
@@ -99,6 +114,7 @@ class BitmapSpaceMapTest : public ::testing::Test {
 
   std::string dir_;
   std::string path_;
+  bool owns_env_ = false;
 };
 
 std::vector<uint64_t> AllocateAll(BitmapSpaceMap& m) {
