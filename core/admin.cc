@@ -100,14 +100,22 @@ enum class UsageOf {
   kScan,      // ComputeUsage: reads the device's block map
   kNew,       // a new empty device: nothing mapped
   kSnapshot,  // a new snapshot: everything it maps, its origin maps too
+  kNotShown,  // a text reply, which shows no usage: no JSON, nothing read
 };
 
 // The device `name` with its usage, as the reply to a change. Creating a
 // device or a snapshot stays O(1): their usage is known without a scan.
+// Resizing or renaming one scans its block map (O(mapped blocks)) only when
+// the reply is JSON: the text reply names the change, not the usage.
 AdminReply DeviceReply(Pool& pool, const std::string& name, const std::string& text,
-                       UsageOf how = UsageOf::kScan) {
+                       UsageOf how) {
   Result<DeviceInfo> info = pool.GetDevice(name);
   if (!info.ok()) return FromStatus(info.status());
+  if (how == UsageOf::kNotShown) {
+    AdminReply reply;
+    reply.text = text;
+    return reply;
+  }
   DeviceUsage usage;
   if (how == UsageOf::kSnapshot) {
     usage.mapped_blocks = info->mapped_blocks;
@@ -205,6 +213,9 @@ std::string Percent(uint64_t part, uint64_t whole) {
 AdminReply Dispatch(Pool& pool, const AdminRequest& req, const AdminContext& ctx) {
   const std::string& cmd = req.command;
   auto arg = [&](const char* key) -> const std::string& { return *req.Find(key); };
+  const std::string* json = req.Find("json");
+  const UsageOf changed_usage =
+      json != nullptr && *json == "1" ? UsageOf::kScan : UsageOf::kNotShown;
 
   if (cmd == "list") return ListDevices(pool);
   if (cmd == "status") return PoolStatus(pool, ctx);
@@ -306,8 +317,8 @@ AdminReply Dispatch(Pool& pool, const AdminRequest& req, const AdminContext& ctx
                                  : pool.ResizeDevice(info->id, *size);
     if (!s.ok()) return FromStatus(s);
     if (ctx.inode_changed) ctx.inode_changed(info->id);
-    return DeviceReply(pool, name,
-                       "resized device " + name + " to " + FormatSize(*size) + "\n");
+    return DeviceReply(pool, name, "resized device " + name + " to " + FormatSize(*size) + "\n",
+                       changed_usage);
   }
   if (cmd == "rename") {
     const std::string& from = arg("from");
@@ -320,7 +331,7 @@ AdminReply Dispatch(Pool& pool, const AdminRequest& req, const AdminContext& ctx
       ctx.entry_changed(from);
       ctx.entry_changed(to);
     }
-    return DeviceReply(pool, to, "renamed device " + from + " to " + to + "\n");
+    return DeviceReply(pool, to, "renamed device " + from + " to " + to + "\n", changed_usage);
   }
   return AdminReply::Error(kAdminUsage, "unknown command '" + cmd + "'");
 }

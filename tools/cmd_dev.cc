@@ -189,7 +189,9 @@ int RunResize(const std::vector<std::string>& args) {
   cl.Positional("NAME", "device to resize");
   cl.AddOptions()
       ("size", po::value<std::string>()->value_name("SIZE"), kSizeHelp)
-      ("json", po::bool_switch(), "print the resized device as JSON");
+      ("json", po::bool_switch(),
+       "print the resized device as JSON, with its usage (which reads its "
+       "block map: seconds for a device of millions of mapped blocks)");
   cl.SetEpilog("Example:\n  thinfs resize /srv/pool vm1 --size 40G\n");
   if (std::optional<int> code = cl.Parse(args)) return *code;
   if (!cl.Has("size")) return cl.Fail(kExitUsage, "--size is required (see 'thinfs resize --help')");
@@ -224,7 +226,9 @@ int RunRename(const std::vector<std::string>& args) {
   cl.Positional("POOL", "pool directory");
   cl.Positional("OLD", "current name");
   cl.Positional("NEW", "new name");
-  cl.AddOptions()("json", po::bool_switch(), "print the renamed device as JSON");
+  cl.AddOptions()("json", po::bool_switch(),
+                  "print the renamed device as JSON, with its usage (which reads its "
+                  "block map: seconds for a device of millions of mapped blocks)");
   cl.SetEpilog("Example:\n  thinfs rename /srv/pool vm1-daily vm1-2024-05-01\n");
   if (std::optional<int> code = cl.Parse(args)) return *code;
   AdminRequest req{"rename", {{"from", cl.Arg(1)}, {"to", cl.Arg(2)}}};

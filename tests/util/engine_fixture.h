@@ -43,13 +43,17 @@ class CountingStore final : public MetadataStore {
     return t_->FindVersion(d, b, e);
   }
   Result<std::vector<Version>> ListVersions(VolumeId d, VolumeBlock b) override {
+    ++lists;
     return t_->ListVersions(d, b);
   }
   Result<uint32_t> GetRefcount(PoolBlock b) override { return t_->GetRefcount(b); }
   Result<std::vector<std::pair<PoolBlock, uint32_t>>> ListRefcounts() override {
     return t_->ListRefcounts();
   }
-  std::unique_ptr<MapIterator> NewMapIterator() override { return t_->NewMapIterator(); }
+  std::unique_ptr<MapIterator> NewMapIterator() override {
+    ++iterators;
+    return t_->NewMapIterator();
+  }
   Status Commit(const MetaBatch& b, bool sync) override {
     last_batch_records = b.put_devices.size() + b.delete_devices.size() + b.put_mappings.size() +
                          b.delete_mappings.size() + b.refcounts.size();
@@ -58,6 +62,10 @@ class CountingStore final : public MetadataStore {
   Result<uint64_t> MapBytesOnDisk(bool c) override { return t_->MapBytesOnDisk(c); }
 
   std::atomic<uint64_t> finds{0};
+  std::atomic<uint64_t> lists{0};
+  std::atomic<uint64_t> iterators{0};
+  // Every way the engine reads the block map, for "reads nothing of it".
+  uint64_t map_reads() const { return finds + lists + iterators; }
   std::atomic<uint64_t> last_batch_records{0};
 
  private:
