@@ -5,6 +5,7 @@
 #include <linux/fs.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -212,6 +213,20 @@ void FileBlockDevice::Prefetch(PoolBlock block, uint64_t count) {
   // A hint: its failure changes nothing but speed.
   (void)::posix_fadvise(fd_, static_cast<off_t>(block.value * bs), static_cast<off_t>(count * bs),
                         POSIX_FADV_WILLNEED);
+}
+
+void BlockDevice::PrefetchForRead(PoolBlock, uint64_t) {}
+
+void FileBlockDevice::PrefetchForRead(PoolBlock block, uint64_t count) {
+  if (direct_ || count == 0) return;
+  // Cached already (the kernel read ahead of a sequential reader): leave
+  // its readahead alone. A WILLNEED over pages it would read ahead anyway
+  // loses their readahead mark, and the reader then waits for each window.
+  char byte;
+  struct iovec iov {&byte, 1};
+  const auto last = static_cast<off_t>(geometry_.BytesOf(block.value + count) - 1);
+  if (::preadv2(fd_, &iov, 1, last, RWF_NOWAIT) == 1) return;
+  Prefetch(block, count);
 }
 
 Status FileBlockDevice::Copy(PoolBlock from, PoolBlock to, uint64_t offset, uint64_t len) {

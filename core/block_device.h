@@ -69,6 +69,12 @@ class BlockDevice {
   // default does nothing.
   virtual void Prefetch(PoolBlock block, uint64_t count);
 
+  // The same hint for the blocks of one read that is about to be made, but
+  // only where the cache does not already hold the run's end: where it
+  // does, the kernel's own readahead is ahead of the reader and a hint would
+  // only cut it short. The default does nothing.
+  virtual void PrefetchForRead(PoolBlock block, uint64_t count);
+
   // Copies bytes [offset, offset + len) of block `from` to the same bytes of
   // block `to`, like Read then Write of them; durable after Sync() like a
   // write. Where the file system can share the data instead (a reflink:
@@ -107,6 +113,8 @@ class FileBlockDevice final : public BlockDevice {
   Status Grow(uint64_t new_data_blocks) override;
   // Starts reading into the page cache; nothing with O_DIRECT.
   void Prefetch(PoolBlock block, uint64_t count) override;
+  // Probes the run's last byte with preadv2(RWF_NOWAIT) first.
+  void PrefetchForRead(PoolBlock block, uint64_t count) override;
   // A reflink (FICLONERANGE) of the 4 KiB-aligned part of the range where
   // the data file's file system supports it (found at Open by cloning
   // within a scratch O_TMPFILE next to it), pread/pwrite for the rest.

@@ -5,10 +5,12 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -377,6 +379,87 @@ TEST(FileBlockDeviceTest, CopyMatchesAModelBufferedAndDirect) {
     CheckCopiesMatchAModel(**dev);
     ::unlink(tmpl);
   }
+}
+
+// Which of a file's pages the page cache holds, by mincore(2) of a mapping.
+class Residency {
+ public:
+  Residency(int fd, size_t bytes) : bytes_(bytes) {
+    addr_ = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+    EXPECT_NE(addr_, MAP_FAILED) << std::strerror(errno);
+  }
+  ~Residency() {
+    if (addr_ != MAP_FAILED) ::munmap(addr_, bytes_);
+  }
+  Residency(const Residency&) = delete;
+  Residency& operator=(const Residency&) = delete;
+  // Resident pages among bytes [from, from + len), page-aligned.
+  size_t Resident(size_t from, size_t len) const {
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    std::vector<unsigned char> vec(len / page);
+    if (::mincore(static_cast<char*>(addr_) + from, len, vec.data()) != 0) return SIZE_MAX;
+    return static_cast<size_t>(std::count_if(vec.begin(), vec.end(),
+                                             [](unsigned char c) { return (c & 1) != 0; }));
+  }
+
+ private:
+  size_t bytes_;
+  void* addr_ = MAP_FAILED;
+};
+
+// PrefetchForRead starts reading a run that is not in the page cache, and
+// leaves alone a run whose last byte is (the kernel's readahead is ahead of
+// the reader there, and a hint would cut it short).
+TEST(FileBlockDeviceTest, PrefetchForReadHintsOnlyRunsNotCachedAtTheirEnd) {
+  char tmpl[] = "/var/tmp/thinfs_prefetch_XXXXXX";
+  int fd = ::mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  const uint64_t bs = 65536;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  auto dev = FileBlockDevice::Open(tmpl, Geometry(bs, 8), /*direct=*/false, /*read_only=*/false);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  for (uint64_t b = 0; b < 8; ++b) ASSERT_TRUE((*dev)->Write(PoolBlock(b), 0, Pattern(bs, b)).ok());
+  ASSERT_TRUE((*dev)->Sync().ok());
+  Residency cache(fd, 8 * bs);
+  auto evict = [&] {
+    ASSERT_EQ(::fdatasync(fd), 0);
+    ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+  };
+  // WILLNEED starts the reads; they complete soon after.
+  auto wait_resident = [&](size_t from, size_t len) {
+    for (int i = 0; i < 500 && cache.Resident(from, len) != len / page; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return cache.Resident(from, len);
+  };
+
+  evict();
+  if (cache.Resident(0, 8 * bs) != 0) {
+    ::unlink(tmpl);
+    ::close(fd);
+    GTEST_FAIL() << "the page cache kept pages of " << tmpl << " after DONTNEED";
+  }
+  (*dev)->PrefetchForRead(PoolBlock(2), 3);
+  EXPECT_EQ(wait_resident(2 * bs, 3 * bs), 3 * bs / page) << "a cold run is read in";
+
+  // The run's last page is cached: no hint, so block 4 stays out.
+  evict();
+  std::vector<std::byte> last(1);
+  ASSERT_TRUE((*dev)->Read(PoolBlock(5), bs - 1, last).ok());
+  ASSERT_GT(cache.Resident(5 * bs + bs - page, page), 0u);
+  (*dev)->PrefetchForRead(PoolBlock(4), 2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(cache.Resident(4 * bs, bs), 0u) << "a run cached at its end was hinted";
+
+  // O_DIRECT: nothing is hinted (reads bypass the cache).
+  evict();
+  auto direct = FileBlockDevice::Open(tmpl, Geometry(bs, 8), /*direct=*/true, /*read_only=*/false);
+  ASSERT_TRUE(direct.ok()) << direct.status().ToString();
+  (*direct)->PrefetchForRead(PoolBlock(0), 2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(cache.Resident(0, 2 * bs), 0u);
+  ::unlink(tmpl);
+  ::close(fd);
 }
 
 TEST(MemBlockDeviceTest, CopyMatchesAModel) {

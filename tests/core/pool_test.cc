@@ -162,6 +162,54 @@ TEST(PoolTest, MapCacheAnswersRepeatedReadsAndSeesEveryChange) {
 
 // Invariant 2: writing a shared block copies it; an unshared one is written
 // in place.
+// A read of several blocks first hints the data device with the pool
+// blocks behind them, one hint per run of consecutive pool blocks and none
+// for holes, before it reads any (lever 19); a one-block read hints
+// nothing. The hint changes no result.
+TEST(PoolTest, ReadsOfSeveralBlocksPrefetchTheirPoolBlocksFirst) {
+  EngineFixture f(kBs, 256);
+  ASSERT_TRUE(f.pool->CreateDevice("v", 16 * kBs).ok());
+  auto v = Open(*f.pool, "v");
+  // vblocks 0-3 on pool blocks 0-3; vblock 6 on 4, vblock 5 on 5; 4 a hole.
+  ASSERT_OK(v->Write(0, Pattern(4 * kBs, 1)));
+  ASSERT_OK(v->Write(6 * kBs, Pattern(kBs, 2)));
+  ASSERT_OK(v->Write(5 * kBs, Pattern(kBs, 3)));
+  testing::ForwardingBlockDevice& data = *f.data_forwarder;
+  auto hints = [&] {
+    std::lock_guard<std::mutex> l(data.prefetch_mu);
+    auto out = data.prefetched;
+    data.prefetched.clear();
+    data.reads_before_prefetch.clear();
+    return out;
+  };
+  hints();
+
+  std::vector<std::byte> buf(8 * kBs);
+  data.reads = 0;
+  ASSERT_TRUE(v->Read(0, buf).ok());
+  using Hints = std::vector<std::pair<uint64_t, uint64_t>>;
+  {
+    std::lock_guard<std::mutex> l(data.prefetch_mu);
+    EXPECT_EQ(data.reads_before_prefetch, (std::vector<uint64_t>{0, 0, 0}))
+        << "every hint comes before the first read";
+  }
+  EXPECT_EQ(hints(), (Hints{{0, 4}, {5, 1}, {4, 1}}));
+  std::vector<std::byte> want(8 * kBs);
+  std::memcpy(want.data(), Pattern(4 * kBs, 1).data(), 4 * kBs);
+  std::memcpy(want.data() + 5 * kBs, Pattern(kBs, 3).data(), kBs);
+  std::memcpy(want.data() + 6 * kBs, Pattern(kBs, 2).data(), kBs);
+  EXPECT_EQ(buf, want);
+
+  // Unaligned, across two blocks: both hinted, as one run.
+  std::vector<std::byte> two(kBs);
+  ASSERT_TRUE(v->Read(kBs + 100, two).ok());
+  EXPECT_EQ(hints(), (Hints{{1, 2}}));
+  // Within one block, or all holes: no hint.
+  ASSERT_TRUE(v->Read(2 * kBs, std::span(two).first(kBs)).ok());
+  ASSERT_TRUE(v->Read(8 * kBs, buf).ok());
+  EXPECT_EQ(hints(), Hints{});
+}
+
 TEST(PoolTest, Invariant2CowExactlyWhenShared) {
   EngineFixture f(kBs, 64);
   ASSERT_TRUE(f.pool->CreateDevice("o", 4 * kBs).ok());

@@ -5,8 +5,11 @@
 #define THINFS_TESTS_UTIL_FORWARDING_H_
 
 #include <atomic>
+#include <cstdint>
 #include <functional>
+#include <mutex>
 #include <utility>
+#include <vector>
 
 #include "core/block_device.h"
 #include "core/metadata.h"
@@ -33,6 +36,14 @@ class ForwardingBlockDevice final : public BlockDevice {
   Status Discard(PoolBlock b, uint64_t n) override { return t_->Discard(b, n); }
   Status WriteZeroes(PoolBlock b, uint64_t n) override { return t_->WriteZeroes(b, n); }
   void Prefetch(PoolBlock b, uint64_t n) override { t_->Prefetch(b, n); }
+  void PrefetchForRead(PoolBlock b, uint64_t n) override {
+    {
+      std::lock_guard<std::mutex> l(prefetch_mu);
+      prefetched.emplace_back(b.value, n);
+      reads_before_prefetch.push_back(reads.load(std::memory_order_relaxed));
+    }
+    t_->PrefetchForRead(b, n);
+  }
   Status Copy(PoolBlock from, PoolBlock to, uint64_t o, uint64_t n) override {
     return t_->Copy(from, to, o, n);
   }
@@ -47,6 +58,11 @@ class ForwardingBlockDevice final : public BlockDevice {
   // Reads that reached the device through this forwarder (not those a
   // Copy() makes inside the target).
   std::atomic<uint64_t> reads{0};
+  // Every PrefetchForRead hint as (first pool block, count), and how many reads
+  // had reached the device when it came.
+  std::mutex prefetch_mu;
+  std::vector<std::pair<uint64_t, uint64_t>> prefetched;
+  std::vector<uint64_t> reads_before_prefetch;
   // Claim that copies share data, like a reflinking file system: the
   // engine then never reads a copy's source itself.
   bool shares_copies = false;
