@@ -215,18 +215,19 @@ void FileBlockDevice::Prefetch(PoolBlock block, uint64_t count) {
                         POSIX_FADV_WILLNEED);
 }
 
-void BlockDevice::PrefetchForRead(PoolBlock, uint64_t) {}
+void BlockDevice::PrefetchForRead(std::span<const Run>) {}
 
-void FileBlockDevice::PrefetchForRead(PoolBlock block, uint64_t count) {
-  if (direct_ || count == 0) return;
+void FileBlockDevice::PrefetchForRead(std::span<const Run> runs) {
+  if (direct_ || runs.empty()) return;
   // Cached already (the kernel read ahead of a sequential reader): leave
   // its readahead alone. A WILLNEED over pages it would read ahead anyway
   // loses their readahead mark, and the reader then waits for each window.
   char byte;
   struct iovec iov {&byte, 1};
-  const auto last = static_cast<off_t>(geometry_.BytesOf(block.value + count) - 1);
+  const Run& tail = runs.back();
+  const auto last = static_cast<off_t>(geometry_.BytesOf(tail.first.value + tail.count) - 1);
   if (::preadv2(fd_, &iov, 1, last, RWF_NOWAIT) == 1) return;
-  Prefetch(block, count);
+  for (const Run& r : runs) Prefetch(r.first, r.count);
 }
 
 Status FileBlockDevice::Copy(PoolBlock from, PoolBlock to, uint64_t offset, uint64_t len) {

@@ -69,11 +69,16 @@ class BlockDevice {
   // default does nothing.
   virtual void Prefetch(PoolBlock block, uint64_t count);
 
-  // The same hint for the blocks of one read that is about to be made, but
-  // only where the cache does not already hold the run's end: where it
-  // does, the kernel's own readahead is ahead of the reader and a hint would
-  // only cut it short. The default does nothing.
-  virtual void PrefetchForRead(PoolBlock block, uint64_t count);
+  // A run of consecutive blocks.
+  struct Run {
+    PoolBlock first;
+    uint64_t count = 0;
+  };
+  // The same hint for the runs of blocks one read is about to read, in
+  // order, but only when the cache does not already hold the last run's
+  // end: where it does, the kernel's own readahead is ahead of the reader
+  // and a hint would only cut it short. The default does nothing.
+  virtual void PrefetchForRead(std::span<const Run> runs);
 
   // Copies bytes [offset, offset + len) of block `from` to the same bytes of
   // block `to`, like Read then Write of them; durable after Sync() like a
@@ -113,8 +118,9 @@ class FileBlockDevice final : public BlockDevice {
   Status Grow(uint64_t new_data_blocks) override;
   // Starts reading into the page cache; nothing with O_DIRECT.
   void Prefetch(PoolBlock block, uint64_t count) override;
-  // Probes the run's last byte with preadv2(RWF_NOWAIT) first.
-  void PrefetchForRead(PoolBlock block, uint64_t count) override;
+  // Probes the last run's last byte with preadv2(RWF_NOWAIT) first: one
+  // system call for a read whose blocks are cached, however scattered.
+  void PrefetchForRead(std::span<const Run> runs) override;
   // A reflink (FICLONERANGE) of the 4 KiB-aligned part of the range where
   // the data file's file system supports it (found at Open by cloning
   // within a scratch O_TMPFILE next to it), pread/pwrite for the rest.

@@ -703,24 +703,21 @@ struct Pool::Impl {
   // a hint: a block that a write moves meanwhile is read from where it is.
   // REQUIRES: vol.io_mu held.
   void PrefetchBlocks(VolumeState& vol, uint64_t first, uint64_t last) {
-    uint64_t run_start = 0;
-    uint64_t run_len = 0;
+    std::vector<BlockDevice::Run> runs;
     for (uint64_t b = first; b < last; ++b) {
       Result<Resolved> r = [&] {
         ReaderLock stripe(&Stripe(vol.id, b));
         return CachedResolve(vol, b);
       }();
       if (!r.ok() || !r->mapped()) continue;
-      const uint64_t pb = r->value.block.value;
-      if (run_len != 0 && pb == run_start + run_len) {
-        ++run_len;
-        continue;
+      const PoolBlock pb = r->value.block;
+      if (!runs.empty() && pb.value == runs.back().first.value + runs.back().count) {
+        ++runs.back().count;
+      } else {
+        runs.push_back(BlockDevice::Run{pb, 1});
       }
-      if (run_len != 0) data->PrefetchForRead(PoolBlock(run_start), run_len);
-      run_start = pb;
-      run_len = 1;
     }
-    if (run_len != 0) data->PrefetchForRead(PoolBlock(run_start), run_len);
+    data->PrefetchForRead(runs);
   }
 
   // Next block >= b that has a version in vol's chain (a candidate for

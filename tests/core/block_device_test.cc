@@ -407,9 +407,9 @@ class Residency {
   void* addr_ = MAP_FAILED;
 };
 
-// PrefetchForRead starts reading a run that is not in the page cache, and
-// leaves alone a run whose last byte is (the kernel's readahead is ahead of
-// the reader there, and a hint would cut it short).
+// PrefetchForRead starts reading runs that are not in the page cache, and
+// leaves them alone when the last run's last byte is (the kernel's
+// readahead is ahead of the reader there, and a hint would cut it short).
 TEST(FileBlockDeviceTest, PrefetchForReadHintsOnlyRunsNotCachedAtTheirEnd) {
   char tmpl[] = "/var/tmp/thinfs_prefetch_XXXXXX";
   int fd = ::mkstemp(tmpl);
@@ -439,15 +439,18 @@ TEST(FileBlockDeviceTest, PrefetchForReadHintsOnlyRunsNotCachedAtTheirEnd) {
     ::close(fd);
     GTEST_FAIL() << "the page cache kept pages of " << tmpl << " after DONTNEED";
   }
-  (*dev)->PrefetchForRead(PoolBlock(2), 3);
-  EXPECT_EQ(wait_resident(2 * bs, 3 * bs), 3 * bs / page) << "a cold run is read in";
+  const BlockDevice::Run cold[] = {{PoolBlock(2), 2}, {PoolBlock(6), 1}};
+  (*dev)->PrefetchForRead(cold);
+  EXPECT_EQ(wait_resident(2 * bs, 2 * bs), 2 * bs / page) << "cold runs are read in";
+  EXPECT_EQ(wait_resident(6 * bs, bs), bs / page) << "cold runs are read in";
 
   // The run's last page is cached: no hint, so block 4 stays out.
   evict();
   std::vector<std::byte> last(1);
   ASSERT_TRUE((*dev)->Read(PoolBlock(5), bs - 1, last).ok());
   ASSERT_GT(cache.Resident(5 * bs + bs - page, page), 0u);
-  (*dev)->PrefetchForRead(PoolBlock(4), 2);
+  const BlockDevice::Run cached_end[] = {{PoolBlock(4), 2}};
+  (*dev)->PrefetchForRead(cached_end);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_EQ(cache.Resident(4 * bs, bs), 0u) << "a run cached at its end was hinted";
 
@@ -455,7 +458,8 @@ TEST(FileBlockDeviceTest, PrefetchForReadHintsOnlyRunsNotCachedAtTheirEnd) {
   evict();
   auto direct = FileBlockDevice::Open(tmpl, Geometry(bs, 8), /*direct=*/true, /*read_only=*/false);
   ASSERT_TRUE(direct.ok()) << direct.status().ToString();
-  (*direct)->PrefetchForRead(PoolBlock(0), 2);
+  const BlockDevice::Run direct_run[] = {{PoolBlock(0), 2}};
+  (*direct)->PrefetchForRead(direct_run);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_EQ(cache.Resident(0, 2 * bs), 0u);
   ::unlink(tmpl);

@@ -36,13 +36,15 @@ class ForwardingBlockDevice final : public BlockDevice {
   Status Discard(PoolBlock b, uint64_t n) override { return t_->Discard(b, n); }
   Status WriteZeroes(PoolBlock b, uint64_t n) override { return t_->WriteZeroes(b, n); }
   void Prefetch(PoolBlock b, uint64_t n) override { t_->Prefetch(b, n); }
-  void PrefetchForRead(PoolBlock b, uint64_t n) override {
+  void PrefetchForRead(std::span<const Run> runs) override {
     {
       std::lock_guard<std::mutex> l(prefetch_mu);
-      prefetched.emplace_back(b.value, n);
-      reads_before_prefetch.push_back(reads.load(std::memory_order_relaxed));
+      for (const Run& r : runs) {
+        prefetched.emplace_back(r.first.value, r.count);
+        reads_before_prefetch.push_back(reads.load(std::memory_order_relaxed));
+      }
     }
-    t_->PrefetchForRead(b, n);
+    t_->PrefetchForRead(runs);
   }
   Status Copy(PoolBlock from, PoolBlock to, uint64_t o, uint64_t n) override {
     return t_->Copy(from, to, o, n);
