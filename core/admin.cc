@@ -41,6 +41,12 @@ const std::vector<CommandSpec>& Specs() {
   return kSpecs;
 }
 
+// Whether the request asks for a JSON reply (CheckArgs allows "0" or "1").
+bool JsonAsked(const AdminRequest& req) {
+  const std::string* json = req.Find("json");
+  return json != nullptr && *json == "1";
+}
+
 // Checks the request against its spec; the error reply, or nullopt.
 std::optional<AdminReply> CheckArgs(const AdminRequest& req, const CommandSpec& spec) {
   for (const auto& [key, value] : req.args) {
@@ -213,9 +219,7 @@ std::string Percent(uint64_t part, uint64_t whole) {
 AdminReply Dispatch(Pool& pool, const AdminRequest& req, const AdminContext& ctx) {
   const std::string& cmd = req.command;
   auto arg = [&](const char* key) -> const std::string& { return *req.Find(key); };
-  const std::string* json = req.Find("json");
-  const UsageOf changed_usage =
-      json != nullptr && *json == "1" ? UsageOf::kScan : UsageOf::kNotShown;
+  const UsageOf changed_usage = JsonAsked(req) ? UsageOf::kScan : UsageOf::kNotShown;
 
   if (cmd == "list") return ListDevices(pool);
   if (cmd == "status") return PoolStatus(pool, ctx);
@@ -371,8 +375,7 @@ AdminReply RunAdmin(Pool& pool, const AdminRequest& request, const AdminContext&
   } catch (const std::bad_alloc&) {
     return AdminReply::Error(kAdminFailure, "out of memory");
   }
-  const std::string* json = request.Find("json");
-  if (reply.exit_code == kAdminOk && json != nullptr && *json == "1") reply.text.clear();
+  if (reply.exit_code == kAdminOk && JsonAsked(request)) reply.text.clear();
   return reply;
 }
 

@@ -160,8 +160,6 @@ TEST(PoolTest, MapCacheAnswersRepeatedReadsAndSeesEveryChange) {
   EXPECT_EQ(f.pool->GetDevice("c")->parent_name, "o");
 }
 
-// Invariant 2: writing a shared block copies it; an unshared one is written
-// in place.
 // A read of several blocks first hints the data device with the pool
 // blocks behind them, one hint per run of consecutive pool blocks and none
 // for holes, before it reads any (lever 19); a one-block read hints
@@ -210,6 +208,8 @@ TEST(PoolTest, ReadsOfSeveralBlocksPrefetchTheirPoolBlocksFirst) {
   EXPECT_EQ(hints(), Hints{});
 }
 
+// Invariant 2: writing a shared block copies it; an unshared one is written
+// in place.
 TEST(PoolTest, Invariant2CowExactlyWhenShared) {
   EngineFixture f(kBs, 64);
   ASSERT_TRUE(f.pool->CreateDevice("o", 4 * kBs).ok());
