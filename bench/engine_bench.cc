@@ -34,6 +34,8 @@
 // small sizes and 2 rounds (CI: exits non-zero unless every cell of every
 // table has a value; it never judges a timing).
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -51,6 +53,7 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -384,6 +387,92 @@ void SnapshotBench(const Config& c, Results* res, std::vector<MetaRow>* meta_row
   }
 }
 
+// ---- page-cache folios behind a volume's blocks --------------------------
+
+// How the host's page cache holds the pages of the data file that device
+// `id`'s mapped blocks read from: the folios a read of each block touches.
+// A cached pread copies folio by folio, so a 64 KiB block held in one folio
+// is cheaper to read than the same block held in sixteen 4 KiB folios;
+// which one the kernel chose depends on how the pages entered the cache (a
+// 64 KiB write, a 4 KiB write, readahead), not on the block map. Read
+// through /proc/self/pagemap and /proc/kpageflags (root); pages not cached
+// are counted apart and not faulted in.
+struct FolioCensus {
+  uint64_t blocks = 0;    // mapped blocks looked at
+  uint64_t folios = 0;    // folios touched by a read of each, summed
+  uint64_t uncached = 0;  // pages not in the page cache
+  double per_block() const { return blocks == 0 ? 0 : static_cast<double>(folios) / blocks; }
+};
+
+// Nullopt (and why, on stderr) where the kernel does not tell.
+std::optional<FolioCensus> CountFolios(BenchPool& bp, VolumeId id, uint64_t vblocks) {
+  constexpr uint64_t kPage = 4096;
+  constexpr uint64_t kPfnMask = (uint64_t{1} << 55) - 1;
+  constexpr uint64_t kPresent = uint64_t{1} << 63;
+  constexpr uint64_t kTail = uint64_t{1} << 16;  // KPF_COMPOUND_TAIL
+  const uint64_t bs = bp.pool().geometry().block_size();
+  const std::string data = bp.root() + "/data";
+  const int fd = ::open(data.c_str(), O_RDONLY);
+  const int pagemap = ::open("/proc/self/pagemap", O_RDONLY);
+  const int kflags = ::open("/proc/kpageflags", O_RDONLY);
+  const size_t file_bytes = fd < 0 ? 0 : static_cast<size_t>(std::filesystem::file_size(data));
+  void* m = fd < 0 ? MAP_FAILED : ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, fd, 0);
+  auto close_all = [&] {
+    if (m != MAP_FAILED) ::munmap(m, file_bytes);
+    for (int f : {kflags, pagemap, fd}) {
+      if (f >= 0) ::close(f);
+    }
+  };
+  auto fail = [&](const char* what) -> std::optional<FolioCensus> {
+    std::fprintf(stderr, "(b) folio census: %s: %s\n", what, std::strerror(errno));
+    close_all();
+    return std::nullopt;
+  };
+  if (fd < 0 || pagemap < 0 || kflags < 0 || m == MAP_FAILED) {
+    return fail("open data, /proc/self/pagemap or /proc/kpageflags (root only)");
+  }
+  const auto* base = static_cast<const unsigned char*>(m);
+  const uint64_t pages_per_block = bs / kPage;
+  std::vector<unsigned char> resident(pages_per_block);
+  std::vector<uint64_t> entries(pages_per_block);
+  FolioCensus c;
+  for (uint64_t vb = 0; vb < vblocks; ++vb) {
+    std::optional<PoolBlock> pb = Must(bp.pool().MappedBlockForTesting(id, vb), "map");
+    if (!pb) continue;
+    const unsigned char* blk = base + pb->value * bs;
+    if (::mincore(const_cast<unsigned char*>(blk), bs, resident.data()) != 0) {
+      return fail("mincore");
+    }
+    for (uint64_t i = 0; i < pages_per_block; ++i) {
+      // Map each cached page into this process, so that pagemap knows it.
+      if (resident[i] & 1) (void)*static_cast<const volatile unsigned char*>(blk + i * kPage);
+    }
+    const auto va = reinterpret_cast<uintptr_t>(blk);
+    const auto want = static_cast<ssize_t>(pages_per_block * 8);
+    if (::pread(pagemap, entries.data(), pages_per_block * 8, static_cast<off_t>(va / kPage * 8)) !=
+        want) {
+      return fail("read /proc/self/pagemap");
+    }
+    ++c.blocks;
+    for (uint64_t i = 0; i < pages_per_block; ++i) {
+      const uint64_t pfn = entries[i] & kPfnMask;
+      if (!(resident[i] & 1) || !(entries[i] & kPresent) || pfn == 0) {
+        ++c.uncached;
+        continue;
+      }
+      uint64_t flags = 0;
+      if (::pread(kflags, &flags, 8, static_cast<off_t>(pfn * 8)) != 8) {
+        return fail("read /proc/kpageflags");
+      }
+      // A folio starts here, or (first page) one from the block before
+      // reaches into this block: either way a read of the block copies it.
+      if (!(flags & kTail) || i == 0) ++c.folios;
+    }
+  }
+  close_all();
+  return c;
+}
+
 // ---- (b) origin reads with 0 vs N snapshots ---------------------------------
 
 void ReadsBench(const Config& c, Results* res, std::vector<MetaRow>* meta_rows) {
@@ -434,6 +523,13 @@ void ReadsBench(const Config& c, Results* res, std::vector<MetaRow>* meta_rows) 
   };
   // Warm every origin (and the block map) before timing.
   for (const auto& n : names) seq_pass(*vols[n]);
+  // How the host caches each origin's data (see FolioCensus).
+  for (const auto& n : names) {
+    if (std::optional<FolioCensus> fc = CountFolios(bp, vols[n]->id(), blocks)) {
+      res->scalars["b." + n + ".folios_per_block"] = fc->per_block();
+      res->scalars["b." + n + ".uncached_pages"] = static_cast<double>(fc->uncached);
+    }
+  }
 
   std::vector<uint64_t> offsets(c.rand_reads);
   for (auto& off : offsets) off = (rng() % (o / (4 * kKiB))) * 4 * kKiB;
@@ -658,6 +754,16 @@ void Report(const Config& c, const std::string& cmdline, Results* res,
             << (control ? "(noise floor)" : Verdict(r, 0.95, false)) << " |\n";
       }
     }
+    out << "\nHost page-cache folios a read of one block copies, per origin, after the warm "
+           "pass (`/proc/kpageflags`; 1.00 = every 64 KiB block in one folio; a cached read "
+           "pays per folio):";
+    for (const std::string n : {"static0", "staticN", "churn0", "churnN", "control0"}) {
+      auto it = res->scalars.find("b." + n + ".folios_per_block");
+      char cell[32];
+      std::snprintf(cell, sizeof cell, "%.2f", it == res->scalars.end() ? 0.0 : it->second);
+      out << " " << n << " " << (it == res->scalars.end() ? "n/a" : cell)
+          << (n == "control0" ? ".\n" : ",");
+    }
     out << "\n";
   }
 
@@ -760,6 +866,7 @@ int Main(int argc, char** argv) {
   std::string cmdline;
   for (int i = 0; i < argc; ++i) cmdline += (i ? " " : "") + std::string(argv[i]);
   bool rounds_set = false;
+  bool rand_reads_set = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -782,15 +889,29 @@ int Main(int argc, char** argv) {
       c.markdown_path = next();
     } else if (a == "--only") {
       c.only = next();
+    } else if (a == "--seq-passes") {
+      c.seq_passes = std::atoi(next().c_str());
+    } else if (a == "--rand-reads") {
+      c.rand_reads = std::strtoull(next().c_str(), nullptr, 10);
+      rand_reads_set = true;
     } else if (a == "--help" || a == "-h") {
       std::printf(
           "usage: engine_bench [--quick] [--rounds N] [--dir DIR] [--json FILE]\n"
-          "                    [--markdown FILE] [--only abcd]\n");
+          "                    [--markdown FILE] [--only abcd] [--seq-passes N]\n"
+          "                    [--rand-reads N]\n"
+          "  --seq-passes N  (b): 1 MiB sequential passes over each origin per round\n"
+          "                  (default 1)\n"
+          "  --rand-reads N  (b): 4 KiB random reads of each origin per round\n"
+          "                  (default 30000, --quick 2000)\n");
       return 0;
     } else {
       std::fprintf(stderr, "engine_bench: unknown argument '%s'\n", a.c_str());
       return 1;
     }
+  }
+  if (c.seq_passes < 1 || c.rand_reads < 1) {
+    std::fprintf(stderr, "engine_bench: --seq-passes and --rand-reads must be at least 1\n");
+    return 1;
   }
   if (c.quick) {
     if (!rounds_set) c.rounds = 2;
@@ -798,7 +919,7 @@ int Main(int argc, char** argv) {
     c.snap_large = 64 * kMiB;
     c.read_origin = 16 * kMiB;
     c.read_snapshots = 10;
-    c.rand_reads = 2000;
+    if (!rand_reads_set) c.rand_reads = 2000;
     c.io_volume = 16 * kMiB;
     c.io_ops = 4000;
     c.seq_write = 8 * kMiB;
