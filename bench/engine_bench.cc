@@ -816,10 +816,9 @@ void Report(const Config& c, const std::string& cmdline, Results* res,
     for (size_t i = 0; i < std::size(kReadOrigins); ++i) {
       const std::string n = kReadOrigins[i];
       auto it = res->scalars.find("b." + n + ".folios_per_block");
-      char cell[32];
-      std::snprintf(cell, sizeof cell, "%.2f", it == res->scalars.end() ? 0.0 : it->second);
-      out << " " << n << " " << (it == res->scalars.end() ? "n/a" : cell)
-          << (i + 1 == std::size(kReadOrigins) ? ".\n" : ",");
+      char cell[32] = "n/a";
+      if (it != res->scalars.end()) std::snprintf(cell, sizeof cell, "%.2f", it->second);
+      out << " " << n << " " << cell << (i + 1 == std::size(kReadOrigins) ? ".\n" : ",");
     }
     out << "\n";
   }
