@@ -215,9 +215,10 @@ void FileBlockDevice::Prefetch(PoolBlock block, uint64_t count) {
                         POSIX_FADV_WILLNEED);
 }
 
-void BlockDevice::PrefetchForRead(std::span<const Run>) {}
+void BlockDevice::PrefetchForRead(std::span<const Run>, uint64_t, std::span<std::byte>) {}
 
-void FileBlockDevice::PrefetchForRead(std::span<const Run> runs) {
+void FileBlockDevice::PrefetchForRead(std::span<const Run> runs, uint64_t head,
+                                      std::span<std::byte> scratch) {
   if (direct_ || runs.empty()) return;
   // Cached already (the kernel read ahead of a sequential reader): leave
   // its readahead alone. A WILLNEED over pages it would read ahead anyway
@@ -225,9 +226,20 @@ void FileBlockDevice::PrefetchForRead(std::span<const Run> runs) {
   char byte;
   struct iovec iov {&byte, 1};
   const Run& tail = runs.back();
-  const auto last = static_cast<off_t>(geometry_.BytesOf(tail.first.value + tail.count) - 1);
-  if (::preadv2(fd_, &iov, 1, last, RWF_NOWAIT) == 1) return;
-  for (const Run& r : runs) Prefetch(r.first, r.count);
+  const uint64_t end = geometry_.BytesOf(tail.first.value + tail.count);
+  if (::preadv2(fd_, &iov, 1, static_cast<off_t>(end - 1), RWF_NOWAIT) == 1) return;
+  if (runs.size() > 1) {
+    for (const Run& r : runs) Prefetch(r.first, r.count);
+    return;
+  }
+  // One run: the kernel's readahead follows a read, and a sequential
+  // reader's next request then finds its blocks cached (or on their way)
+  // where after a WILLNEED, which leaves no readahead mark, every request
+  // would wait for its own blocks (lever 21).
+  const uint64_t start = geometry_.BytesOf(tail.first.value) + head;
+  const size_t len = static_cast<size_t>(std::min<uint64_t>(scratch.size(), end - start));
+  // A hint: a failure is the caller's to see when it reads.
+  (void)::pread(fd_, scratch.data(), len, static_cast<off_t>(start));
 }
 
 Status FileBlockDevice::Copy(PoolBlock from, PoolBlock to, uint64_t offset, uint64_t len) {

@@ -77,8 +77,15 @@ class BlockDevice {
   // The same hint for the runs of blocks one read is about to read, in
   // order, but only when the cache does not already hold the last run's
   // end: where it does, the kernel's own readahead is ahead of the reader
-  // and a hint would only cut it short. The default does nothing.
-  virtual void PrefetchForRead(std::span<const Run> runs);
+  // and a hint would only cut it short. A read of one run is instead read
+  // through the cache into `scratch`: `head` bytes into the run's first
+  // block, up to scratch.size() bytes and no further than the run's end.
+  // The kernel then sees a reader's read and reads ahead of a sequential
+  // one, which it does not after a hint (docs/benchmarks.md, lever 21).
+  // The caller overwrites scratch afterwards. The default does nothing.
+  // REQUIRES: head < block_size.
+  virtual void PrefetchForRead(std::span<const Run> runs, uint64_t head,
+                               std::span<std::byte> scratch);
 
   // Copies bytes [offset, offset + len) of block `from` to the same bytes of
   // block `to`, like Read then Write of them; durable after Sync() like a
@@ -120,7 +127,8 @@ class FileBlockDevice final : public BlockDevice {
   void Prefetch(PoolBlock block, uint64_t count) override;
   // Probes the last run's last byte with preadv2(RWF_NOWAIT) first: one
   // system call for a read whose blocks are cached, however scattered.
-  void PrefetchForRead(std::span<const Run> runs) override;
+  void PrefetchForRead(std::span<const Run> runs, uint64_t head,
+                       std::span<std::byte> scratch) override;
   // A reflink (FICLONERANGE) of the 4 KiB-aligned part of the range where
   // the data file's file system supports it (found at Open by cloning
   // within a scratch O_TMPFILE next to it), pread/pwrite for the rest.

@@ -701,15 +701,20 @@ struct Pool::Impl {
   // blocks, so that a read of several blocks waits for one batch of I/O
   // rather than for each block in turn (docs/benchmarks.md, lever 19). Only
   // a hint: a block that a write moves meanwhile is read from where it is.
+  // One run is read through `scratch` (BlockDevice::PrefetchForRead), which
+  // the caller overwrites; `head` is the read's offset into block `first`.
   // REQUIRES: vol.io_mu held.
-  void PrefetchBlocks(VolumeState& vol, uint64_t first, uint64_t last) {
+  void PrefetchBlocks(VolumeState& vol, uint64_t first, uint64_t last, uint64_t head,
+                      std::span<std::byte> scratch) {
     std::vector<BlockDevice::Run> runs;
+    bool first_mapped = false;
     for (uint64_t b = first; b < last; ++b) {
       Result<Resolved> r = [&] {
         ReaderLock stripe(&Stripe(vol.id, b));
         return CachedResolve(vol, b);
       }();
       if (!r.ok() || !r->mapped()) continue;
+      if (b == first) first_mapped = true;
       const PoolBlock pb = r->value.block;
       if (!runs.empty() && pb.value == runs.back().first.value + runs.back().count) {
         ++runs.back().count;
@@ -717,7 +722,7 @@ struct Pool::Impl {
         runs.push_back(BlockDevice::Run{pb, 1});
       }
     }
-    data->PrefetchForRead(runs);
+    data->PrefetchForRead(runs, first_mapped ? head : 0, scratch);
   }
 
   // Next block >= b that has a version in vol's chain (a candidate for
@@ -1351,7 +1356,9 @@ Result<size_t> Volume::Read(uint64_t offset, std::span<std::byte> buf) {
   // Several blocks: let their cold reads overlap (docs/design.md, "Locking").
   const uint64_t first = p.geometry.BlockOf(offset);
   const uint64_t end = p.geometry.BlocksFor(offset + len);
-  if (end - first > 1) p.PrefetchBlocks(st, first, end);
+  if (end - first > 1) {
+    p.PrefetchBlocks(st, first, end, p.geometry.OffsetInBlock(offset), buf.first(len));
+  }
   size_t done = 0;
   while (done < len) {
     uint64_t pos = offset + done;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "tests/util/engine_fixture.h"
 
@@ -192,6 +193,12 @@ TEST(PoolTest, ReadsOfSeveralBlocksPrefetchTheirPoolBlocksFirst) {
         << "every hint comes before the first read";
   }
   EXPECT_EQ(hints(), (Hints{{0, 4}, {5, 1}, {4, 1}}));
+  using Reads = std::vector<std::pair<uint64_t, size_t>>;
+  auto reads = [&] {
+    std::lock_guard<std::mutex> l(data.prefetch_mu);
+    return std::exchange(data.prefetch_reads, {});
+  };
+  EXPECT_EQ(reads(), (Reads{{0, 8 * kBs}})) << "the read's own buffer is the scratch";
   std::vector<std::byte> want(8 * kBs);
   std::memcpy(want.data(), Pattern(4 * kBs, 1).data(), 4 * kBs);
   std::memcpy(want.data() + 5 * kBs, Pattern(kBs, 3).data(), kBs);
@@ -202,6 +209,13 @@ TEST(PoolTest, ReadsOfSeveralBlocksPrefetchTheirPoolBlocksFirst) {
   std::vector<std::byte> two(kBs);
   ASSERT_TRUE(v->Read(kBs + 100, two).ok());
   EXPECT_EQ(hints(), (Hints{{1, 2}}));
+  EXPECT_EQ(reads(), (Reads{{100, kBs}})) << "head: the read's offset into its first block";
+  const std::vector<std::byte> head4 = Pattern(4 * kBs, 1);
+  EXPECT_EQ(two, std::vector<std::byte>(head4.begin() + kBs + 100, head4.begin() + 2 * kBs + 100));
+  // A hole first: the run starts at a later block, from its start.
+  ASSERT_TRUE(v->Read(4 * kBs + 100, two).ok());
+  EXPECT_EQ(hints(), (Hints{{5, 1}}));
+  EXPECT_EQ(reads(), (Reads{{0, kBs}}));
   // Within one block, or all holes: no hint.
   ASSERT_TRUE(v->Read(2 * kBs, std::span(two).first(kBs)).ok());
   ASSERT_TRUE(v->Read(8 * kBs, buf).ok());

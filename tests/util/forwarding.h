@@ -36,15 +36,17 @@ class ForwardingBlockDevice final : public BlockDevice {
   Status Discard(PoolBlock b, uint64_t n) override { return t_->Discard(b, n); }
   Status WriteZeroes(PoolBlock b, uint64_t n) override { return t_->WriteZeroes(b, n); }
   void Prefetch(PoolBlock b, uint64_t n) override { t_->Prefetch(b, n); }
-  void PrefetchForRead(std::span<const Run> runs) override {
+  void PrefetchForRead(std::span<const Run> runs, uint64_t head,
+                       std::span<std::byte> scratch) override {
     {
       std::lock_guard<std::mutex> l(prefetch_mu);
       for (const Run& r : runs) {
         prefetched.emplace_back(r.first.value, r.count);
         reads_before_prefetch.push_back(reads.load(std::memory_order_relaxed));
       }
+      prefetch_reads.emplace_back(head, scratch.size());
     }
-    t_->PrefetchForRead(runs);
+    t_->PrefetchForRead(runs, head, scratch);
   }
   Status Copy(PoolBlock from, PoolBlock to, uint64_t o, uint64_t n) override {
     return t_->Copy(from, to, o, n);
@@ -65,6 +67,8 @@ class ForwardingBlockDevice final : public BlockDevice {
   std::mutex prefetch_mu;
   std::vector<std::pair<uint64_t, uint64_t>> prefetched;
   std::vector<uint64_t> reads_before_prefetch;
+  // Per PrefetchForRead call: (head, scratch size).
+  std::vector<std::pair<uint64_t, size_t>> prefetch_reads;
   // Claim that copies share data, like a reflinking file system: the
   // engine then never reads a copy's source itself.
   bool shares_copies = false;
