@@ -215,11 +215,13 @@ void FileBlockDevice::Prefetch(PoolBlock block, uint64_t count) {
                         POSIX_FADV_WILLNEED);
 }
 
-void BlockDevice::PrefetchForRead(std::span<const Run>, uint64_t, std::span<std::byte>) {}
+bool BlockDevice::PrefetchForRead(std::span<const Run>, uint64_t, std::span<std::byte>) {
+  return false;
+}
 
-void FileBlockDevice::PrefetchForRead(std::span<const Run> runs, uint64_t head,
+bool FileBlockDevice::PrefetchForRead(std::span<const Run> runs, uint64_t head,
                                       std::span<std::byte> scratch) {
-  if (direct_ || runs.empty()) return;
+  if (direct_ || runs.empty()) return false;
   // Cached already (the kernel read ahead of a sequential reader): leave
   // its readahead alone. A WILLNEED over pages it would read ahead anyway
   // loses their readahead mark, and the reader then waits for each window.
@@ -227,10 +229,13 @@ void FileBlockDevice::PrefetchForRead(std::span<const Run> runs, uint64_t head,
   struct iovec iov {&byte, 1};
   const Run& tail = runs.back();
   const uint64_t end = geometry_.BytesOf(tail.first.value + tail.count);
-  if (::preadv2(fd_, &iov, 1, static_cast<off_t>(end - 1), RWF_NOWAIT) == 1) return;
+  // On a miss the probe starts reading its page (RWF_NOWAIT is not "no
+  // I/O"); when that read completes before the kernel looks again, the end
+  // counts as cached and this read goes unhinted. Rare, and only a hint.
+  if (::preadv2(fd_, &iov, 1, static_cast<off_t>(end - 1), RWF_NOWAIT) == 1) return false;
   if (runs.size() > 1) {
     for (const Run& r : runs) Prefetch(r.first, r.count);
-    return;
+    return true;
   }
   // One run: the kernel's readahead follows a read, and a sequential
   // reader's next request then finds its blocks cached (or on their way)
@@ -240,6 +245,7 @@ void FileBlockDevice::PrefetchForRead(std::span<const Run> runs, uint64_t head,
   const size_t len = static_cast<size_t>(std::min<uint64_t>(scratch.size(), end - start));
   // A hint: a failure is the caller's to see when it reads.
   (void)::pread(fd_, scratch.data(), len, static_cast<off_t>(start));
+  return true;
 }
 
 Status FileBlockDevice::Copy(PoolBlock from, PoolBlock to, uint64_t offset, uint64_t len) {

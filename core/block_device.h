@@ -82,9 +82,11 @@ class BlockDevice {
   // block, up to scratch.size() bytes and no further than the run's end.
   // The kernel then sees a reader's read and reads ahead of a sequential
   // one, which it does not after a hint (docs/benchmarks.md, lever 21).
-  // The caller overwrites scratch afterwards. The default does nothing.
+  // The caller overwrites scratch afterwards. Returns whether the runs'
+  // end was not cached (and so hinted or read). The default does nothing
+  // and returns false.
   // REQUIRES: head < block_size.
-  virtual void PrefetchForRead(std::span<const Run> runs, uint64_t head,
+  virtual bool PrefetchForRead(std::span<const Run> runs, uint64_t head,
                                std::span<std::byte> scratch);
 
   // Copies bytes [offset, offset + len) of block `from` to the same bytes of
@@ -127,7 +129,7 @@ class FileBlockDevice final : public BlockDevice {
   void Prefetch(PoolBlock block, uint64_t count) override;
   // Probes the last run's last byte with preadv2(RWF_NOWAIT) first: one
   // system call for a read whose blocks are cached, however scattered.
-  void PrefetchForRead(std::span<const Run> runs, uint64_t head,
+  bool PrefetchForRead(std::span<const Run> runs, uint64_t head,
                        std::span<std::byte> scratch) override;
   // A reflink (FICLONERANGE) of the 4 KiB-aligned part of the range where
   // the data file's file system supports it (found at Open by cloning

@@ -440,7 +440,15 @@ TEST(FileBlockDeviceTest, PrefetchForReadHintsOnlyRunsNotCachedAtTheirEnd) {
     GTEST_FAIL() << "the page cache kept pages of " << tmpl << " after DONTNEED";
   }
   const BlockDevice::Run cold[] = {{PoolBlock(2), 2}, {PoolBlock(6), 1}};
-  (*dev)->PrefetchForRead(cold, 0, {});
+  // The probe (preadv2 RWF_NOWAIT) starts reading its own page on a miss;
+  // when that read completes before the probe looks, the end counts as
+  // cached and nothing is hinted. Rare, and only a hint lost: try again.
+  bool hinted = (*dev)->PrefetchForRead(cold, 0, {});
+  for (int attempt = 1; attempt < 3 && !hinted; ++attempt) {
+    evict();
+    hinted = (*dev)->PrefetchForRead(cold, 0, {});
+  }
+  EXPECT_TRUE(hinted) << "the runs' end read as cached after DONTNEED, three times";
   EXPECT_EQ(wait_resident(2 * bs, 2 * bs), 2 * bs / page) << "cold runs are read in";
   EXPECT_EQ(wait_resident(6 * bs, bs), bs / page) << "cold runs are read in";
 
@@ -450,7 +458,7 @@ TEST(FileBlockDeviceTest, PrefetchForReadHintsOnlyRunsNotCachedAtTheirEnd) {
   ASSERT_TRUE((*dev)->Read(PoolBlock(5), bs - 1, last).ok());
   ASSERT_GT(cache.Resident(5 * bs + bs - page, page), 0u);
   const BlockDevice::Run cached_end[] = {{PoolBlock(4), 2}};
-  (*dev)->PrefetchForRead(cached_end, 0, {});
+  EXPECT_FALSE((*dev)->PrefetchForRead(cached_end, 0, {}));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_EQ(cache.Resident(4 * bs, bs), 0u) << "a run cached at its end was hinted";
 
@@ -460,7 +468,7 @@ TEST(FileBlockDeviceTest, PrefetchForReadHintsOnlyRunsNotCachedAtTheirEnd) {
   ASSERT_TRUE(direct.ok()) << direct.status().ToString();
   const BlockDevice::Run direct_run[] = {{PoolBlock(0), 2}};
   std::vector<std::byte> scratch(2 * bs);
-  (*direct)->PrefetchForRead(direct_run, 0, scratch);
+  EXPECT_FALSE((*direct)->PrefetchForRead(direct_run, 0, scratch));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_EQ(cache.Resident(0, 2 * bs), 0u);
   ::unlink(tmpl);
@@ -492,6 +500,17 @@ TEST(FileBlockDeviceTest, PrefetchForReadReadsOneColdRunThroughTheCache) {
     ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
     ASSERT_EQ(cache.Resident(0, blocks * bs), 0u) << "the page cache kept pages after DONTNEED";
   };
+  // PrefetchForRead after an eviction, again while the probe's own read
+  // made the end look cached (see the test above).
+  auto cold_read = [&](std::span<const BlockDevice::Run> runs, uint64_t head,
+                       std::span<std::byte> buf) {
+    bool cold = false;
+    for (int attempt = 0; attempt < 3 && !cold; ++attempt) {
+      evict();
+      cold = (*dev)->PrefetchForRead(runs, head, buf);
+    }
+    EXPECT_TRUE(cold) << "the run's end read as cached after DONTNEED, three times";
+  };
   // Pages resident past the first two blocks once readahead has settled.
   auto resident_beyond = [&] {
     size_t n = 0;
@@ -516,10 +535,9 @@ TEST(FileBlockDeviceTest, PrefetchForReadReadsOneColdRunThroughTheCache) {
   }
   const size_t pread_ahead = resident_beyond();
 
-  evict();
   std::vector<std::byte> scratch(2 * bs - 100);
   const BlockDevice::Run run[] = {{PoolBlock(0), 2}};
-  (*dev)->PrefetchForRead(run, 100, scratch);
+  cold_read(run, 100, scratch);
   EXPECT_EQ(std::memcmp(scratch.data(), file.data() + 100, scratch.size()), 0)
       << "the run is read from `head` bytes into its first block";
   EXPECT_EQ(cache.Resident(0, 2 * bs), 2 * bs / page);
@@ -529,14 +547,12 @@ TEST(FileBlockDeviceTest, PrefetchForReadReadsOneColdRunThroughTheCache) {
   EXPECT_GT(prefetch_ahead, 0u) << "no readahead followed the read of one cold run";
 
   // scratch bounds the read, and so does the run's end.
-  evict();
   std::vector<std::byte> small(bs / 2);
   const BlockDevice::Run far[] = {{PoolBlock(40), 2}};
-  (*dev)->PrefetchForRead(far, 0, small);
+  cold_read(far, 0, small);
   EXPECT_EQ(std::memcmp(small.data(), file.data() + 40 * bs, small.size()), 0);
-  evict();
   std::vector<std::byte> big(4 * bs, std::byte{0x5a});
-  (*dev)->PrefetchForRead(far, bs / 2, big);
+  cold_read(far, bs / 2, big);
   EXPECT_EQ(std::memcmp(big.data(), file.data() + 40 * bs + bs / 2, bs + bs / 2), 0);
   EXPECT_EQ(big[bs + bs / 2], std::byte{0x5a}) << "read past the run's end";
   ::unlink(tmpl);

@@ -222,6 +222,83 @@ TEST(PoolTest, ReadsOfSeveralBlocksPrefetchTheirPoolBlocksFirst) {
   EXPECT_EQ(hints(), Hints{});
 }
 
+// A sequential reader whose blocks lie scattered in the data area gets
+// readahead in the device's block order: a cold read of several runs that
+// starts where the last read ended hints the next 4 MiB of the device (4
+// blocks of 1 MiB here), and reads in order move that window on once they
+// are within half of it of its end (docs/benchmarks.md, lever 22).
+TEST(PoolReadAheadTest, ScatteredSequentialReadsHintTheDevicesNextBlocks) {
+  constexpr uint64_t kMiB = 1 << 20;
+  EngineFixture f(kMiB, 80);
+  ASSERT_TRUE(f.pool->CreateDevice("v", 32 * kMiB).ok());
+  ASSERT_TRUE(f.pool->CreateDevice("c", 8 * kMiB).ok());
+  auto v = Open(*f.pool, "v");
+  auto c = Open(*f.pool, "c");
+  // vblock i < 16 on pool block 2i, vblock 16 + i on 2i + 1: no two
+  // neighbours in the device are neighbours in the pool.
+  for (uint64_t i = 0; i < 16; ++i) {
+    ASSERT_OK(v->Write(i * kMiB, Pattern(kMiB, i)));
+    ASSERT_OK(v->Write((16 + i) * kMiB, Pattern(kMiB, 16 + i)));
+  }
+  ASSERT_OK(c->Write(0, Pattern(8 * kMiB, 99)));  // pool blocks 32-39, in order
+  ASSERT_OK(f.pool->Commit());
+  testing::ForwardingBlockDevice& data = *f.data_forwarder;
+  using Hints = std::vector<std::pair<uint64_t, uint64_t>>;
+  auto ahead = [&] {
+    std::lock_guard<std::mutex> l(data.prefetch_mu);
+    return std::exchange(data.prefetched_ahead, {});
+  };
+  std::vector<std::byte> buf(2 * kMiB);
+  auto read = [&](Volume& vol, uint64_t block) {
+    EXPECT_TRUE(vol.Read(block * kMiB, buf).ok());
+  };
+  auto want = [&](uint64_t block) {
+    std::vector<std::byte> w = Pattern(kMiB, block);
+    std::vector<std::byte> w2 = Pattern(kMiB, block + 1);
+    w.insert(w.end(), w2.begin(), w2.end());
+    return w;
+  };
+
+  // A cache that holds everything: nothing read ahead.
+  read(*v, 0);
+  read(*v, 2);
+  EXPECT_EQ(ahead(), Hints{});
+
+  data.report_cold = true;
+  read(*v, 0);  // not where the last read ended (block 4): no window yet
+  EXPECT_EQ(ahead(), Hints{});
+  read(*v, 2);  // in order, cold and scattered: starts one
+  EXPECT_EQ(buf, want(2));
+  EXPECT_EQ(ahead(), (Hints{{8, 1}, {10, 1}, {12, 1}, {14, 1}})) << "vblocks 4-7";
+  read(*v, 4);  // in order, the window ends 2 blocks ahead: left alone
+  EXPECT_EQ(ahead(), Hints{});
+  read(*v, 6);  // within half a window of its end: moved on
+  EXPECT_EQ(buf, want(6));
+  EXPECT_EQ(ahead(), (Hints{{16, 1}, {18, 1}, {20, 1}, {22, 1}})) << "vblocks 8-11";
+
+  // Out of order: the window is dropped, and a new one starts once the
+  // reads are in order again.
+  read(*v, 20);
+  EXPECT_EQ(ahead(), Hints{});
+  read(*v, 22);
+  EXPECT_EQ(buf, want(22));
+  EXPECT_EQ(ahead(), (Hints{{17, 1}, {19, 1}, {21, 1}, {23, 1}})) << "vblocks 24-27";
+  read(*v, 24);
+  EXPECT_EQ(ahead(), Hints{});
+  // Up to the device's end, not past it.
+  read(*v, 26);
+  EXPECT_EQ(ahead(), (Hints{{25, 1}, {27, 1}, {29, 1}, {31, 1}})) << "vblocks 28-31";
+  read(*v, 28);
+  read(*v, 30);
+  EXPECT_EQ(buf, want(30));
+  EXPECT_EQ(ahead(), Hints{});
+
+  // A contiguous device: one run a read, the host's readahead serves it.
+  read(*c, 0);
+  read(*c, 2);
+  EXPECT_EQ(ahead(), Hints{});
+}
+
 // Invariant 2: writing a shared block copies it; an unshared one is written
 // in place.
 TEST(PoolTest, Invariant2CowExactlyWhenShared) {

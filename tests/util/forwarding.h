@@ -35,8 +35,14 @@ class ForwardingBlockDevice final : public BlockDevice {
   Status Sync() override { return t_->Sync(); }
   Status Discard(PoolBlock b, uint64_t n) override { return t_->Discard(b, n); }
   Status WriteZeroes(PoolBlock b, uint64_t n) override { return t_->WriteZeroes(b, n); }
-  void Prefetch(PoolBlock b, uint64_t n) override { t_->Prefetch(b, n); }
-  void PrefetchForRead(std::span<const Run> runs, uint64_t head,
+  void Prefetch(PoolBlock b, uint64_t n) override {
+    {
+      std::lock_guard<std::mutex> l(prefetch_mu);
+      prefetched_ahead.emplace_back(b.value, n);
+    }
+    t_->Prefetch(b, n);
+  }
+  bool PrefetchForRead(std::span<const Run> runs, uint64_t head,
                        std::span<std::byte> scratch) override {
     {
       std::lock_guard<std::mutex> l(prefetch_mu);
@@ -46,7 +52,7 @@ class ForwardingBlockDevice final : public BlockDevice {
       }
       prefetch_reads.emplace_back(head, scratch.size());
     }
-    t_->PrefetchForRead(runs, head, scratch);
+    return t_->PrefetchForRead(runs, head, scratch) || report_cold;
   }
   Status Copy(PoolBlock from, PoolBlock to, uint64_t o, uint64_t n) override {
     return t_->Copy(from, to, o, n);
@@ -69,6 +75,11 @@ class ForwardingBlockDevice final : public BlockDevice {
   std::vector<uint64_t> reads_before_prefetch;
   // Per PrefetchForRead call: (head, scratch size).
   std::vector<std::pair<uint64_t, size_t>> prefetch_reads;
+  // Every Prefetch hint (the engine's readahead) as (first pool block, count).
+  std::vector<std::pair<uint64_t, uint64_t>> prefetched_ahead;
+  // PrefetchForRead reports every read not cached, as a cold page cache
+  // would (the target may be a MemBlockDevice, which hints nothing).
+  bool report_cold = false;
   // Claim that copies share data, like a reflinking file system: the
   // engine then never reads a copy's source itself.
   bool shares_copies = false;

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Cold 1 MiB sequential reads of a volume whose blocks copy-on-write left
+# scattered over the data area, against a snapshot of it that kept the
+# contiguous layout: the probe behind docs/benchmarks.md, lever 22.
+#
+#   bench/scattered_read.sh [--rounds N] [--cow SIZE] THINFS_BINARY [THINFS_BINARY...]
+#
+# Per binary: formats a 3 GiB pool, writes a 1 GiB volume `vol` in order
+# (fsynced), snapshots it as `snap`, then rewrites SIZE (default 256M) of
+# `vol` in whole 64 KiB blocks at random places, so those blocks move to
+# new places in the data area. Then, N rounds (default 3) with the binaries
+# alternating, drops every cache and reads `vol` and then `snap` with fio
+# (rw=read, bs=1M, psync), and prints MiB/s with the disk's read counters
+# around each read (/sys/class/block/DEV/stat of the disk under the pool).
+# Works in /var/tmp/scattered_read (must not exist; removed at the end).
+# Needs root (drop_caches, mount), fio and about 3.5 GiB free per binary.
+set -euo pipefail
+
+rounds=3 cow=256M
+while [[ $# -gt 0 && $1 == --* ]]; do
+  case $1 in
+    --rounds) rounds=$2; shift 2 ;;
+    --cow) cow=$2; shift 2 ;;
+    -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "scattered_read: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+if [[ $# -lt 1 ]]; then
+  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+  exit 2
+fi
+bins=()
+for b in "$@"; do bins+=("$(realpath "$b")"); done
+work=/var/tmp/scattered_read
+if [[ -e $work ]]; then
+  echo "scattered_read: $work exists; remove it or wait for the other run" >&2
+  exit 2
+fi
+mkdir -p "$work"
+mounted=()
+cleanup() {
+  for i in "${mounted[@]}"; do "${bins[$i]}" umount "$work/$i/mnt" || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+source=$(findmnt -n -o SOURCE -T "$work")
+stat_file=/sys/class/block/$(basename "$(realpath "$source")")/stat
+if [[ ! -r $stat_file ]]; then
+  echo "scattered_read: $work is on $source, which has no $stat_file" >&2
+  exit 1
+fi
+
+for i in "${!bins[@]}"; do
+  d=$work/$i
+  mkdir -p "$d/mnt"
+  "${bins[$i]}" format "$d/pool" --size 3G >/dev/null
+  "${bins[$i]}" mount "$d/pool" "$d/mnt"
+  mounted+=("$i")
+  truncate -s 1G "$d/mnt/vol"
+  fio --name=fill --filename="$d/mnt/vol" --rw=write --bs=1M --size=1G --end_fsync=1 \
+    --output=/dev/null
+  "${bins[$i]}" snapshot "$d/pool" vol snap >/dev/null
+  fio --name=cow --filename="$d/mnt/vol" --rw=randwrite --bs=64k --size=1G --io_size="$cow" \
+    --randrepeat=0 --end_fsync=1 --output=/dev/null
+done
+
+# Fields 1 and 3 of the stat file: read I/Os completed, sectors read.
+printf '%-5s %-3s %-5s %9s %10s %10s %12s\n' round bin file MiB/s "disk MiB" "disk I/Os" "mean I/O KiB"
+for ((r = 1; r <= rounds; r++)); do
+  for i in "${!bins[@]}"; do
+    for f in vol snap; do
+      sync
+      echo 3 >/proc/sys/vm/drop_caches
+      read -r ios0 _ sec0 _ <"$stat_file"
+      fio --name=read --filename="$work/$i/mnt/$f" --rw=read --bs=1M --size=1G --ioengine=psync \
+        --invalidate=1 --output-format=json --output="$work/out.json"
+      read -r ios1 _ sec1 _ <"$stat_file"
+      bw=$(python3 -c 'import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):]); print(round(j["jobs"][0]["read"]["bw_bytes"] / 2**20))' "$work/out.json")
+      ios=$((ios1 - ios0)) sectors=$((sec1 - sec0))
+      printf '%-5s %-3s %-5s %9s %10d %10d %12d\n' "$r" "$i" "$f" "$bw" $((sectors / 2048)) "$ios" \
+        $((sectors / 2 / (ios > 0 ? ios : 1)))
+    done
+  done
+done
