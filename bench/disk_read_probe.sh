@@ -12,6 +12,8 @@
 # WORKDIR (default /var/tmp/disk-read-probe) must not exist; it is removed
 # at the end. Needs root (drop_caches, mount) and about 3 GiB free there.
 set -euo pipefail
+# shellcheck source=bench/benchlib.sh
+source "$(dirname "$0")/benchlib.sh"
 
 if [[ $# -lt 2 || $1 == -h || $1 == --help ]]; then
   sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
@@ -36,13 +38,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The block device under WORKDIR, as /sys/class/block names it.
-source=$(findmnt -n -o SOURCE -T "$work")
-stat_file=/sys/class/block/$(basename "$(realpath "$source")")/stat
-if [[ ! -r $stat_file ]]; then
-  echo "disk_read_probe: $work is on $source, which has no $stat_file" >&2
-  exit 1
-fi
+# The block device under the work directory, as /sys/class/block names it.
+stat_file=$(disk_stat_file "$work" disk_read_probe) || exit 1
 
 "$bin" format "$work/pool" --size 3G >/dev/null
 "$bin" mount "$work/pool" "$work/mnt" ${opts:+-o "$opts"}

@@ -3,23 +3,28 @@
 # scattered over the data area, against a snapshot of it that kept the
 # contiguous layout: the probe behind docs/benchmarks.md, lever 22.
 #
-#   bench/scattered_read.sh [--rounds N] [--cow SIZE] THINFS_BINARY [THINFS_BINARY...]
+#   bench/scattered_read.sh [--rounds N] [--size SIZE] [--cow SIZE] [--dir DIR] THINFS...
 #
-# Per binary: formats a 3 GiB pool, writes a 1 GiB volume `vol` in order
-# (fsynced), snapshots it as `snap`, then rewrites SIZE (default 256M) of
-# `vol` in whole 64 KiB blocks at random places, so those blocks move to
-# new places in the data area. Then, N rounds (default 3) with the binaries
-# alternating, drops every cache and reads `vol` and then `snap` with fio
-# (rw=read, bs=1M, psync), and prints MiB/s with the disk's read counters
-# around each read (/sys/class/block/DEV/stat of the disk under the pool).
-# Works in /var/tmp/scattered_read (must not exist; removed at the end).
-# Needs root (drop_caches, mount), fio and about 3.5 GiB free per binary.
+# Per binary: formats a pool of three times --size, writes a volume `vol`
+# of --size (default 1G) in order (fsynced), snapshots it as `snap`, then
+# rewrites --cow (default 256M) of `vol` in whole 64 KiB blocks at random
+# places, so those blocks move to new places in the data area. Then, N
+# rounds (default 3) with the binaries alternating, drops every cache and
+# reads `vol` and then `snap` with fio (rw=read, bs=1M, psync), and prints
+# MiB/s with the disk's read counters around each (/sys/class/block/DEV/
+# stat of the disk under the pool, '-' where there is none). Works in DIR
+# (default /var/tmp/scattered_read; must not exist; removed at the end).
+# Needs root (drop_caches, mount), fio and 3.5 times --size free per binary.
 set -euo pipefail
+# shellcheck source=bench/benchlib.sh
+source "$(dirname "$0")/benchlib.sh"
 
-rounds=3 cow=256M
+rounds=3 size=1G cow=256M work=/var/tmp/scattered_read
 while [[ $# -gt 0 && $1 == --* ]]; do
   case $1 in
+    --dir) work=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
+    --size) size=$2; shift 2 ;;
     --cow) cow=$2; shift 2 ;;
     -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "scattered_read: unknown option $1" >&2; exit 2 ;;
@@ -29,9 +34,18 @@ if [[ $# -lt 1 ]]; then
   sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
+# Skipped (77) without root or fio, unless CI is set (then a failure).
+missing=
+[[ $EUID -eq 0 ]] || missing="root (drop_caches, mount)"
+command -v fio >/dev/null || missing=fio
+if [[ -n $missing ]]; then
+  echo "scattered_read: needs $missing" >&2
+  [[ -n ${CI:-} ]] && exit 1
+  exit 77
+fi
 bins=()
 for b in "$@"; do bins+=("$(realpath "$b")"); done
-work=/var/tmp/scattered_read
+bytes=$(numfmt --from=iec "$size")
 if [[ -e $work ]]; then
   echo "scattered_read: $work exists; remove it or wait for the other run" >&2
   exit 2
@@ -44,24 +58,23 @@ cleanup() {
 }
 trap cleanup EXIT
 
-source=$(findmnt -n -o SOURCE -T "$work")
-stat_file=/sys/class/block/$(basename "$(realpath "$source")")/stat
-if [[ ! -r $stat_file ]]; then
-  echo "scattered_read: $work is on $source, which has no $stat_file" >&2
-  exit 1
-fi
+# The block device under the work directory, as /sys/class/block names it.
+stat_file=$(disk_stat_file "$work" scattered_read) || stat_file=
+counters() {  # read I/Os completed and sectors read (fields 1 and 3), or 0 0
+  if [[ -n $stat_file ]]; then awk '{print $1, $3}' "$stat_file"; else echo 0 0; fi
+}
 
 for i in "${!bins[@]}"; do
   d=$work/$i
   mkdir -p "$d/mnt"
-  "${bins[$i]}" format "$d/pool" --size 3G >/dev/null
+  "${bins[$i]}" format "$d/pool" --size "$((3 * bytes))" >/dev/null
   "${bins[$i]}" mount "$d/pool" "$d/mnt"
   mounted+=("$i")
-  truncate -s 1G "$d/mnt/vol"
-  fio --name=fill --filename="$d/mnt/vol" --rw=write --bs=1M --size=1G --end_fsync=1 \
+  truncate -s "$bytes" "$d/mnt/vol"
+  fio --name=fill --filename="$d/mnt/vol" --rw=write --bs=1M --size="$bytes" --end_fsync=1 \
     --output=/dev/null
   "${bins[$i]}" snapshot "$d/pool" vol snap >/dev/null
-  fio --name=cow --filename="$d/mnt/vol" --rw=randwrite --bs=64k --size=1G --io_size="$cow" \
+  fio --name=cow --filename="$d/mnt/vol" --rw=randwrite --bs=64k --size="$bytes" --io_size="$cow" \
     --randrepeat=0 --end_fsync=1 --output=/dev/null
 done
 
@@ -72,14 +85,18 @@ for ((r = 1; r <= rounds; r++)); do
     for f in vol snap; do
       sync
       echo 3 >/proc/sys/vm/drop_caches
-      read -r ios0 _ sec0 _ <"$stat_file"
-      fio --name=read --filename="$work/$i/mnt/$f" --rw=read --bs=1M --size=1G --ioengine=psync \
+      read -r ios0 sec0 < <(counters)
+      fio --name=read --filename="$work/$i/mnt/$f" --rw=read --bs=1M --size="$bytes" --ioengine=psync \
         --invalidate=1 --output-format=json --output="$work/out.json"
-      read -r ios1 _ sec1 _ <"$stat_file"
+      read -r ios1 sec1 < <(counters)
       bw=$(python3 -c 'import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):]); print(round(j["jobs"][0]["read"]["bw_bytes"] / 2**20))' "$work/out.json")
       ios=$((ios1 - ios0)) sectors=$((sec1 - sec0))
-      printf '%-5s %-3s %-5s %9s %10d %10d %12d\n' "$r" "$i" "$f" "$bw" $((sectors / 2048)) "$ios" \
-        $((sectors / 2 / (ios > 0 ? ios : 1)))
+      if [[ -n $stat_file ]]; then
+        disk=("$((sectors / 2048))" "$ios" "$((sectors / 2 / (ios > 0 ? ios : 1)))")
+      else
+        disk=(- - -)
+      fi
+      printf '%-5s %-3s %-5s %9s %10s %10s %12s\n' "$r" "$i" "$f" "$bw" "${disk[@]}"
     done
   done
 done
