@@ -233,7 +233,7 @@ bool FileBlockDevice::PrefetchForRead(std::span<const Run> runs, uint64_t head,
   // I/O"); when that read completes before the kernel looks again, the end
   // counts as cached and this read goes unhinted. Rare, and only a hint.
   if (::preadv2(fd_, &iov, 1, static_cast<off_t>(end - 1), RWF_NOWAIT) == 1) return false;
-  if (runs.size() > 1) {
+  if (runs.size() > 1 || scratch.empty()) {
     for (const Run& r : runs) Prefetch(r.first, r.count);
     return true;
   }

@@ -77,12 +77,13 @@ class BlockDevice {
   // The same hint for the runs of blocks one read is about to read, in
   // order, but only when the cache does not already hold the last run's
   // end: where it does, the kernel's own readahead is ahead of the reader
-  // and a hint would only cut it short. A read of one run is instead read
-  // through the cache into `scratch`: `head` bytes into the run's first
-  // block, up to scratch.size() bytes and no further than the run's end.
-  // The kernel then sees a reader's read and reads ahead of a sequential
-  // one, which it does not after a hint (docs/benchmarks.md, lever 21).
-  // The caller overwrites scratch afterwards. Returns whether the runs'
+  // and a hint would only cut it short. A read of one run, given a
+  // scratch buffer, is instead read through the cache into `scratch`:
+  // `head` bytes into the run's first block, up to scratch.size() bytes
+  // and no further than the run's end. The kernel then sees a reader's
+  // read and reads ahead of a sequential one, which it does not after a
+  // hint (docs/benchmarks.md, lever 21). The caller overwrites scratch
+  // afterwards. Returns whether the runs'
   // end was not cached (and so hinted or read). The default does nothing
   // and returns false.
   // REQUIRES: head < block_size.

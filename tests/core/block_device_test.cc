@@ -511,6 +511,13 @@ TEST(FileBlockDeviceTest, PrefetchForReadReadsOneColdRunThroughTheCache) {
     }
     EXPECT_TRUE(cold) << "the run's end read as cached after DONTNEED, three times";
   };
+  // Resident pages of [from, from + len), once WILLNEED's reads are done.
+  auto resident_at = [&](size_t from, size_t len) {
+    for (int i = 0; i < 500 && cache.Resident(from, len) != len / page; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return cache.Resident(from, len);
+  };
   // Pages resident past the first two blocks once readahead has settled.
   auto resident_beyond = [&] {
     size_t n = 0;
@@ -555,6 +562,11 @@ TEST(FileBlockDeviceTest, PrefetchForReadReadsOneColdRunThroughTheCache) {
   cold_read(far, bs / 2, big);
   EXPECT_EQ(std::memcmp(big.data(), file.data() + 40 * bs + bs / 2, bs + bs / 2), 0);
   EXPECT_EQ(big[bs + bs / 2], std::byte{0x5a}) << "read past the run's end";
+
+  // No scratch: one run is hinted like several.
+  const BlockDevice::Run hinted[] = {{PoolBlock(20), 2}};
+  cold_read(hinted, 0, {});
+  EXPECT_EQ(resident_at(20 * bs, 2 * bs), 2 * bs / page) << "a run without scratch was not hinted";
   ::unlink(tmpl);
   ::close(fd);
 }
