@@ -277,7 +277,11 @@ TEST(PoolReadAheadTest, ScatteredSequentialReadsHintTheDevicesNextBlocks) {
   EXPECT_EQ(ahead(), (Hints{{16, 1}, {18, 1}, {20, 1}, {22, 1}})) << "vblocks 8-11";
 
   // Out of order: the window is dropped, and a new one starts once the
-  // reads are in order again.
+  // reads are in order again, also behind the old window's end.
+  read(*v, 0);
+  EXPECT_EQ(ahead(), Hints{});
+  read(*v, 2);
+  EXPECT_EQ(ahead(), (Hints{{8, 1}, {10, 1}, {12, 1}, {14, 1}})) << "vblocks 4-7 again";
   read(*v, 20);
   EXPECT_EQ(ahead(), Hints{});
   read(*v, 22);
