@@ -401,6 +401,15 @@ class Residency {
     return static_cast<size_t>(std::count_if(vec.begin(), vec.end(),
                                              [](unsigned char c) { return (c & 1) != 0; }));
   }
+  // The same once every page of the range is resident, or after 5 s:
+  // WILLNEED starts reads that complete soon after.
+  size_t WaitResident(size_t from, size_t len) const {
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    for (int i = 0; i < 500 && Resident(from, len) != len / page; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return Resident(from, len);
+  }
 
  private:
   size_t bytes_;
@@ -425,13 +434,6 @@ TEST(FileBlockDeviceTest, PrefetchForReadHintsOnlyRunsNotCachedAtTheirEnd) {
     ASSERT_EQ(::fdatasync(fd), 0);
     ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
   };
-  // WILLNEED starts the reads; they complete soon after.
-  auto wait_resident = [&](size_t from, size_t len) {
-    for (int i = 0; i < 500 && cache.Resident(from, len) != len / page; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return cache.Resident(from, len);
-  };
 
   evict();
   if (cache.Resident(0, 8 * bs) != 0) {
@@ -449,8 +451,8 @@ TEST(FileBlockDeviceTest, PrefetchForReadHintsOnlyRunsNotCachedAtTheirEnd) {
     hinted = (*dev)->PrefetchForRead(cold, 0, {});
   }
   EXPECT_TRUE(hinted) << "the runs' end read as cached after DONTNEED, three times";
-  EXPECT_EQ(wait_resident(2 * bs, 2 * bs), 2 * bs / page) << "cold runs are read in";
-  EXPECT_EQ(wait_resident(6 * bs, bs), bs / page) << "cold runs are read in";
+  EXPECT_EQ(cache.WaitResident(2 * bs, 2 * bs), 2 * bs / page) << "cold runs are read in";
+  EXPECT_EQ(cache.WaitResident(6 * bs, bs), bs / page) << "cold runs are read in";
 
   // The run's last page is cached: no hint, so block 4 stays out.
   evict();
@@ -511,13 +513,6 @@ TEST(FileBlockDeviceTest, PrefetchForReadReadsOneColdRunThroughTheCache) {
     }
     EXPECT_TRUE(cold) << "the run's end read as cached after DONTNEED, three times";
   };
-  // Resident pages of [from, from + len), once WILLNEED's reads are done.
-  auto resident_at = [&](size_t from, size_t len) {
-    for (int i = 0; i < 500 && cache.Resident(from, len) != len / page; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return cache.Resident(from, len);
-  };
   // Pages resident past the first two blocks once readahead has settled.
   auto resident_beyond = [&] {
     size_t n = 0;
@@ -566,7 +561,7 @@ TEST(FileBlockDeviceTest, PrefetchForReadReadsOneColdRunThroughTheCache) {
   // No scratch: one run is hinted like several.
   const BlockDevice::Run hinted[] = {{PoolBlock(20), 2}};
   cold_read(hinted, 0, {});
-  EXPECT_EQ(resident_at(20 * bs, 2 * bs), 2 * bs / page) << "a run without scratch was not hinted";
+  EXPECT_EQ(cache.WaitResident(20 * bs, 2 * bs), 2 * bs / page) << "a run without scratch was not hinted";
   ::unlink(tmpl);
   ::close(fd);
 }
