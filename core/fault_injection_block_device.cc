@@ -1,6 +1,7 @@
 #include "core/fault_injection_block_device.h"
 
 #include <cerrno>
+#include <thread>
 #include <utility>
 
 #include "core/check.h"
@@ -22,6 +23,9 @@ bool FaultInjectionBlockDevice::ShouldFail() {
 
 Status FaultInjectionBlockDevice::Read(PoolBlock block, uint64_t offset, std::span<std::byte> buf) {
   THINFS_CHECK(block.value < data_blocks_.load(std::memory_order_acquire));
+  if (const int64_t us = read_delay_us_.load(std::memory_order_relaxed); us > 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(us));
+  }
   MutexLock l(&mu_);
   if (ShouldFail()) return Status::FromErrno(EIO, "injected read fault");
   current_.Read(block.value, offset, buf);
@@ -93,6 +97,10 @@ void FaultInjectionBlockDevice::DropUnsyncedWrites() {
 void FaultInjectionBlockDevice::FailNthIo(uint64_t n) {
   MutexLock l(&mu_);
   fail_countdown_ = n;
+}
+
+void FaultInjectionBlockDevice::SetReadDelay(std::chrono::microseconds delay) {
+  read_delay_us_.store(delay.count(), std::memory_order_relaxed);
 }
 
 void FaultInjectionBlockDevice::SetTornWriteOnCrash(bool torn) {

@@ -19,6 +19,7 @@
 #define THINFS_CORE_FAULT_INJECTION_BLOCK_DEVICE_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <random>
@@ -63,6 +64,10 @@ class FaultInjectionBlockDevice final : public BlockDevice {
   // Enables torn writes for the next DropUnsyncedWrites().
   void SetTornWriteOnCrash(bool torn);
 
+  // Every subsequent Read first sleeps `delay` (a slow disk), holding no
+  // lock; zero, the default, disables.
+  void SetReadDelay(std::chrono::microseconds delay);
+
   // Successful Sync() calls so far.
   uint64_t sync_count() const;
 
@@ -89,6 +94,7 @@ class FaultInjectionBlockDevice final : public BlockDevice {
 
   // Addressable blocks; atomic so that the range checks take no lock.
   std::atomic<uint64_t> data_blocks_;
+  std::atomic<int64_t> read_delay_us_{0};
 
   mutable Mutex mu_;
   SparseBlockImage durable_ GUARDED_BY(mu_);

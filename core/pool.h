@@ -77,8 +77,11 @@ struct PoolOptions {
   // (core/deferred_copy.h), in bytes of data blocks: a partial write to a
   // shared block then writes only its bytes, and the commit copies the
   // rest. Full: copies are made at once, as with 0. When half full, the
-  // periodic commit is started early.
-  uint64_t deferred_copy_bytes = uint64_t{256} << 20;
+  // periodic commit is started early. 1 GiB holds a burst of first writes
+  // to 16384 shared 64 KiB blocks (about 130 bytes of memory each); an
+  // fsync after such a burst waits for up to this much copying
+  // (docs/benchmarks.md, lever 23).
+  uint64_t deferred_copy_bytes = uint64_t{1} << 30;
   // Refuse every change with kReadOnly.
   bool read_only = false;
   // Run the garbage collector in a background thread. Tests turn it off and
@@ -157,7 +160,8 @@ struct PoolStats {
   uint64_t data_syncs = 0;  // commits that synced the data file
   uint64_t gc_backlog = 0;  // devices and candidate blocks waiting for GC
   // Latency of the last (up to 1024) commits that wrote something, in
-  // microseconds: 50th, 90th and 99th percentile and the maximum.
+  // microseconds, owed copies included: 50th, 90th and 99th percentile and
+  // the maximum.
   uint64_t commit_p50_us = 0;
   uint64_t commit_p90_us = 0;
   uint64_t commit_p99_us = 0;

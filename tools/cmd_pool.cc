@@ -112,7 +112,9 @@ int RunStatus(const std::vector<std::string>& args) {
       "data_blocks, used_blocks, free_blocks, devices, transaction_id, bitmap_clean,\n"
       "mounted, mountpoint (null when not mounted) and, when mounted, counters:\n"
       "{reads, writes, provisions, cow_copies, deferred_copies, discards, commits,\n"
-      "data_syncs, gc_backlog}.\n\n"
+      "data_syncs, gc_backlog, commit_p50_us, commit_p90_us, commit_p99_us,\n"
+      "commit_max_us}: the commit_* keys are the latency of the last 1024 commits\n"
+      "that wrote something, owed copy-on-write copies included.\n\n"
       "Example:\n"
       "  thinfs status /srv/pool --json\n");
   if (std::optional<int> code = cl.Parse(args)) return *code;

@@ -5,10 +5,16 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <random>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "tests/util/engine_fixture.h"
 
@@ -237,6 +243,41 @@ TEST(PoolDeferredCopyTest, FailedCopyFailsTheCommit) {
   EXPECT_FALSE(Open(*t.f.pool, "s")->Write(0, Pattern(10, 1)).ok()) << "stopped writing";
   t.f.Crash();
   EXPECT_EQ(t.f.ReadAll("s"), t.origin);
+}
+
+// What an fsync waits for includes the owed copies: a commit's latency in
+// the pool's statistics, and in its slow-commit log line, counts the time
+// the copies take (they used to be left out, so a commit spending seconds
+// copying reported milliseconds).
+TEST(PoolDeferredCopyTest, CommitLatencyCountsTheOwedCopies) {
+  auto messages = std::make_shared<std::vector<std::string>>();
+  auto mu = std::make_shared<std::mutex>();
+  PoolOptions o = EngineFixture::DefaultOptions();
+  o.slow_commit = std::chrono::milliseconds(-1);  // every commit is "slow"
+  o.log = [messages, mu](int, const std::string& m) {
+    std::lock_guard<std::mutex> l(*mu);
+    messages->push_back(m);
+  };
+  SnapFixture t(o);
+  std::vector<std::byte> snap = t.origin;
+  for (uint64_t b = 0; b < 4; ++b) t.Write("s", b * kBs + 4096, 4096, 30 + b, &snap);
+  constexpr auto kDelay = std::chrono::milliseconds(25);
+  t.f.data->SetReadDelay(kDelay);  // each copy reads its source once
+  ASSERT_OK(t.f.pool->Commit());
+  t.f.data->SetReadDelay(std::chrono::microseconds(0));
+  EXPECT_EQ(t.f.pool->Stats().deferred_copies, 4u);
+  const uint64_t copying_us = 4 * std::chrono::microseconds(kDelay).count();
+  EXPECT_GE(t.f.pool->Stats().commit_max_us, copying_us);
+  std::lock_guard<std::mutex> l(*mu);
+  auto it = std::find_if(messages->rbegin(), messages->rend(), [](const std::string& m) {
+    return m.find("slow commit") != std::string::npos;
+  });
+  ASSERT_NE(it, messages->rend()) << "no slow-commit line";
+  const std::string& last = *it;
+  EXPECT_NE(last.find("(4 owed copies "), std::string::npos) << last;
+  const size_t ms = last.find(": ");
+  ASSERT_NE(ms, std::string::npos) << last;
+  EXPECT_GE(std::stoull(last.substr(ms + 2)), copying_us / 1000) << last;
 }
 
 // Writers copying on write into a snapshot (each its own blocks), readers

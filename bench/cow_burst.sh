@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# 4 KiB random writes into a fresh snapshot, and what an fsync after a
+# burst of them waits for: the probe behind docs/benchmarks.md, lever 23
+# (how much copy-on-write copying may be owed to the next commit).
+#
+#   bench/cow_burst.sh [--rounds N] [--size SIZE] [--runtime S] [--burst S] [--dir DIR] CONFIG...
+#
+# CONFIG is THINFS_BINARY or THINFS_BINARY:MOUNT_OPTIONS (for example
+# build/thinfs:deferred_copy=256M). Per CONFIG: formats a pool of four
+# times --size, mounts it, writes a volume `vol` of --size (default 1G) in
+# order (fsynced). Then N rounds (default 3), the CONFIGs alternating:
+#   - snapshots `vol`, drops every cache, and runs fio 4 KiB random writes
+#     (psync, QD1) into the snapshot for --runtime (fio's time: 6, the
+#     default, or 500ms): IOPS, median and 99th percentile latency;
+#   - snapshots `vol` again, drops every cache, writes 4 KiB at random
+#     places for --burst seconds (default 1) from one process, then times
+#     one fsync: writes per second, and the fsync's milliseconds;
+#   - deletes both snapshots.
+# Prints one line per measurement. Works in DIR (default /var/tmp/cow_burst;
+# must not exist; removed at the end). Needs root (drop_caches, mount),
+# fio, python3.
+set -euo pipefail
+
+rounds=3 size=1G runtime=6 burst=1 work=/var/tmp/cow_burst
+while [[ $# -gt 0 && $1 == --* ]]; do
+  case $1 in
+    --dir) work=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    --size) size=$2; shift 2 ;;
+    --runtime) runtime=$2; shift 2 ;;
+    --burst) burst=$2; shift 2 ;;
+    -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "cow_burst: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+if [[ $# -lt 1 ]]; then
+  sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
+  exit 2
+fi
+# Skipped (77) without root or fio, unless CI is set (then a failure).
+missing=
+[[ $EUID -eq 0 ]] || missing="root (drop_caches, mount)"
+command -v fio >/dev/null || missing=fio
+if [[ -n $missing ]]; then
+  echo "cow_burst: needs $missing" >&2
+  [[ -n ${CI:-} ]] && exit 1
+  exit 77
+fi
+bins=() opts=()
+for c in "$@"; do
+  bins+=("$(realpath "${c%%:*}")")
+  if [[ $c == *:* ]]; then opts+=("${c#*:}"); else opts+=(""); fi
+done
+bytes=$(numfmt --from=iec "$size")
+if [[ -e $work ]]; then
+  echo "cow_burst: $work exists; remove it or wait for the other run" >&2
+  exit 2
+fi
+mkdir -p "$work"
+mounted=()
+cleanup() {
+  for i in "${mounted[@]}"; do "${bins[$i]}" umount "$work/$i/mnt" || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+label() { echo "$(basename "$(dirname "${bins[$1]}")")/$(basename "${bins[$1]}")${opts[$1]:+ -o ${opts[$1]}}"; }
+cold() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+
+for i in "${!bins[@]}"; do
+  d=$work/$i
+  mkdir -p "$d/mnt"
+  "${bins[$i]}" format "$d/pool" --size "$((4 * bytes))" >/dev/null
+  "${bins[$i]}" mount "$d/pool" "$d/mnt" ${opts[$i]:+-o "${opts[$i]}"}
+  mounted+=("$i")
+  truncate -s "$bytes" "$d/mnt/vol"
+  fio --name=fill --filename="$d/mnt/vol" --rw=write --bs=1M --size="$bytes" --end_fsync=1 \
+    --output=/dev/null
+done
+
+for r in $(seq 1 "$rounds"); do
+  for i in "${!bins[@]}"; do
+    d=$work/$i
+    "${bins[$i]}" snapshot "$d/pool" vol w >/dev/null
+    cold
+    fio --name=cow --filename="$d/mnt/w" --rw=randwrite --bs=4k --ioengine=psync --time_based \
+      --runtime="$runtime" --randrepeat=0 --output-format=json --output="$d/fio.json"
+    python3 - "$d/fio.json" "$r" "$(label "$i")" <<'EOF'
+import json, sys
+w = json.load(open(sys.argv[1]))["jobs"][0]["write"]
+p = w["clat_ns"]["percentile"]
+print(f"round {sys.argv[2]} {sys.argv[3]}: randwrite4k {w['iops']:.0f} IOPS, "
+      f"p50 {p['50.000000'] / 1000:.0f} us, p99 {p['99.000000'] / 1000:.0f} us")
+EOF
+    "${bins[$i]}" snapshot "$d/pool" vol b >/dev/null
+    cold
+    python3 - "$d/mnt/b" "$burst" "$r" "$(label "$i")" <<'EOF'
+import os, random, sys, time
+path, secs = sys.argv[1], float(sys.argv[2])
+fd = os.open(path, os.O_RDWR)
+blocks = os.fstat(fd).st_size // 4096
+buf = os.urandom(4096)
+n, end = 0, time.monotonic() + secs
+while time.monotonic() < end:
+    for _ in range(64):
+        os.pwrite(fd, buf, random.randrange(blocks) * 4096)
+    n += 64
+t = time.monotonic()
+os.fsync(fd)
+dt = time.monotonic() - t
+os.close(fd)
+print(f"round {sys.argv[3]} {sys.argv[4]}: burst {n / secs:.0f} writes/s for {secs:g} s, "
+      f"then fsync {dt * 1000:.0f} ms")
+EOF
+    "${bins[$i]}" delete "$d/pool" w >/dev/null
+    "${bins[$i]}" delete "$d/pool" b >/dev/null
+  done
+done
