@@ -865,17 +865,17 @@ struct Pool::Impl {
         superblock.next_device_id = next_device_id;
       }
     }
+    using Clock = std::chrono::steady_clock;
+    // A commit's latency starts here: the owed copies are part of what an
+    // fsync waits for.
+    const Clock::time_point t_copies = Clock::now();
+    const uint64_t copies_before = copies.completed();
     // Owed copy-on-write copies, before the data sync: every mapping this
     // commit writes points at a complete block. (A copy is owed only by a
     // write whose edit is in this commit or the next.)
     // New data (these copies too) must be synced; overwrites in place a
     // periodic commit syncs only with sync_overwrites. One data sync covers
     // both.
-    using Clock = std::chrono::steady_clock;
-    // A commit's latency starts here: the owed copies are part of what an
-    // fsync waits for.
-    const Clock::time_point t_copies = Clock::now();
-    const uint64_t copies_before = copies.completed();
     bool must_sync = new_data.exchange(false);
     if (copies.size() != 0) {
       Status cs = copies.CompleteAll();

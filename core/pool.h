@@ -78,7 +78,7 @@ struct PoolOptions {
   // shared block then writes only its bytes, and the commit copies the
   // rest. Full: copies are made at once, as with 0. When half full, the
   // periodic commit is started early. 1 GiB holds a burst of first writes
-  // to 16384 shared 64 KiB blocks (about 130 bytes of memory each); an
+  // to 16384 shared 64 KiB blocks (about 150 bytes of memory each); an
   // fsync after such a burst waits for up to this much copying
   // (docs/benchmarks.md, lever 23).
   uint64_t deferred_copy_bytes = uint64_t{1} << 30;
