@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shell helpers shared by bench/*.sh (source it; it defines functions only).
 
 # Prints the /sys/class/block/DEV/stat file of the block device under DIR,
@@ -11,4 +12,28 @@ disk_stat_file() {
     return 1
   fi
   echo "$stat"
+}
+
+# Exits 77 (the test is skipped) without root or fio, unless CI is set,
+# where that is a failure (exit 1). PROBE names the script in the message.
+require_root_and_fio() {
+  local probe=$1 missing=
+  [[ $EUID -eq 0 ]] || missing="root (drop_caches, mount)"
+  command -v fio >/dev/null || missing=fio
+  if [[ -n $missing ]]; then
+    echo "$probe: needs $missing" >&2
+    [[ -n ${CI:-} ]] && exit 1
+    exit 77
+  fi
+}
+
+# Makes the work directory DIR, which must not exist yet (exit 2 if it does:
+# another run may be using it). PROBE names the script in the message.
+make_work_dir() {
+  local probe=$1 dir=$2
+  if [[ -e $dir ]]; then
+    echo "$probe: $dir exists; remove it or wait for the other run" >&2
+    exit 2
+  fi
+  mkdir -p "$dir"
 }

@@ -20,6 +20,8 @@
 # must not exist; removed at the end). Needs root (drop_caches, mount),
 # fio, python3.
 set -euo pipefail
+# shellcheck source=bench/benchlib.sh
+source "$(dirname "$0")/benchlib.sh"
 
 rounds=3 size=1G runtime=6 burst=1 work=/var/tmp/cow_burst
 while [[ $# -gt 0 && $1 == --* ]]; do
@@ -37,26 +39,14 @@ if [[ $# -lt 1 ]]; then
   sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
-# Skipped (77) without root or fio, unless CI is set (then a failure).
-missing=
-[[ $EUID -eq 0 ]] || missing="root (drop_caches, mount)"
-command -v fio >/dev/null || missing=fio
-if [[ -n $missing ]]; then
-  echo "cow_burst: needs $missing" >&2
-  [[ -n ${CI:-} ]] && exit 1
-  exit 77
-fi
+require_root_and_fio cow_burst
 bins=() opts=()
 for c in "$@"; do
   bins+=("$(realpath "${c%%:*}")")
   if [[ $c == *:* ]]; then opts+=("${c#*:}"); else opts+=(""); fi
 done
 bytes=$(numfmt --from=iec "$size")
-if [[ -e $work ]]; then
-  echo "cow_burst: $work exists; remove it or wait for the other run" >&2
-  exit 2
-fi
-mkdir -p "$work"
+make_work_dir cow_burst "$work"
 mounted=()
 cleanup() {
   for i in "${mounted[@]}"; do "${bins[$i]}" umount "$work/$i/mnt" || true; done

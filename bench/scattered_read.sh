@@ -34,23 +34,11 @@ if [[ $# -lt 1 ]]; then
   sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
-# Skipped (77) without root or fio, unless CI is set (then a failure).
-missing=
-[[ $EUID -eq 0 ]] || missing="root (drop_caches, mount)"
-command -v fio >/dev/null || missing=fio
-if [[ -n $missing ]]; then
-  echo "scattered_read: needs $missing" >&2
-  [[ -n ${CI:-} ]] && exit 1
-  exit 77
-fi
+require_root_and_fio scattered_read
 bins=()
 for b in "$@"; do bins+=("$(realpath "$b")"); done
 bytes=$(numfmt --from=iec "$size")
-if [[ -e $work ]]; then
-  echo "scattered_read: $work exists; remove it or wait for the other run" >&2
-  exit 2
-fi
-mkdir -p "$work"
+make_work_dir scattered_read "$work"
 mounted=()
 cleanup() {
   for i in "${mounted[@]}"; do "${bins[$i]}" umount "$work/$i/mnt" || true; done

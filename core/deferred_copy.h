@@ -88,7 +88,9 @@ class DeferredCopies {
 
   // Makes every copy owed when it is called, in source order. Copies
   // started meanwhile may or may not be made. On error the copies not made
-  // stay owed (and readable).
+  // stay owed (and readable). The commit calls it, and the pool's
+  // background copier between commits; calls may overlap, and each copy
+  // is made once.
   Status CompleteAll();
 
   // Copies made so far by CompleteAll() (statistics).

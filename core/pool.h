@@ -84,6 +84,11 @@ struct PoolOptions {
   uint64_t deferred_copy_bytes = uint64_t{1} << 30;
   // Refuse every change with kReadOnly.
   bool read_only = false;
+  // Make owed copy-on-write copies (deferred_copy_bytes) in a background
+  // thread as they accumulate, 20 ms after the first, instead of
+  // leaving them all to the commit: the commit, and so an fsync, then has
+  // fewer to make. Tests turn it off to see what a commit makes.
+  bool background_copies = true;
   // Run the garbage collector in a background thread. Tests turn it off and
   // call RunGcForTesting() to control when it runs.
   bool background_gc = true;
@@ -154,7 +159,7 @@ struct PoolStats {
   uint64_t writes = 0;
   uint64_t provisions = 0;
   uint64_t cow_copies = 0;
-  uint64_t deferred_copies = 0;  // copy-on-write copies made by a commit
+  uint64_t deferred_copies = 0;  // owed copies made later (commit or copier)
   uint64_t discards = 0;
   uint64_t commits = 0;
   uint64_t data_syncs = 0;  // commits that synced the data file

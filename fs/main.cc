@@ -135,6 +135,7 @@ int OpenAndServe(const MountOptions& options, const std::string& pool_root,
   pool_options.zero_detection = options.zero_detection;
   pool_options.map_cache_bytes = options.map_cache_bytes;
   pool_options.deferred_copy_bytes = options.deferred_copy_bytes;
+  pool_options.background_copies = options.background_copies;
   pool_options.log = [](int level, const std::string& message) {
     LogLevel l = level <= 0 ? LogLevel::kError : level == 1 ? LogLevel::kWarning : LogLevel::kInfo;
     Log(l, "%s", message.c_str());

@@ -41,6 +41,8 @@ struct MountOptions {
   // Copy-on-write copying owed to the next commit (core/deferred_copy.h),
   // bytes of data blocks; 0 copies at once.
   uint64_t deferred_copy_bytes = PoolOptions().deferred_copy_bytes;
+  // Owed copies made by a background thread, not only by the commit.
+  bool background_copies = PoolOptions().background_copies;
   bool zero_detection = true;
   bool direct_io = false;  // O_DIRECT on the data file
   // Copy-on-write copies as reflinks inside the data file where its file
@@ -75,6 +77,7 @@ struct MountOptions {
 //   cache_size=SIZE             metadata block cache; SIZE is N[K|M|G]
 //   map_cache=SIZE              block-map cache in memory (default 16M; 0 off)
 //   deferred_copy=SIZE          COW copying left to the next commit (1G; 0 off)
+//   background_copies=on|off    a thread makes owed copies before the commit (on)
 //   zero_detect=on|off          whole-block zero writes unmap (default on)
 //   direct_io=on|off            O_DIRECT on the pool's data file (default off)
 //   reflink=on|off              COW copies reflinked in the data file where

@@ -137,6 +137,9 @@ Result<MountOptions> ParseMountOptions(const std::string& pool, const std::strin
     } else if (key == "deferred_copy") {
       THINFS_RETURN_IF_ERROR(require_value());
       THINFS_ASSIGN_OR_RETURN(opts.deferred_copy_bytes, ParseSize(key, value));
+    } else if (key == "background_copies") {
+      THINFS_RETURN_IF_ERROR(require_value());
+      THINFS_ASSIGN_OR_RETURN(opts.background_copies, ParseBool(key, value));
     } else if (key == "zero_detect") {
       THINFS_RETURN_IF_ERROR(require_value());
       THINFS_ASSIGN_OR_RETURN(opts.zero_detection, ParseBool(key, value));

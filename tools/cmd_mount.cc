@@ -83,6 +83,8 @@ int RunMount(const std::vector<std::string>& args) {
       "  map_cache=SIZE         block-map cache in memory (default 16M; 0 off)\n"
       "  deferred_copy=SIZE     copy-on-write copying a partial write may leave\n"
       "                         to the next commit (default 1G; 0 off)\n"
+      "  background_copies=on|off  a thread makes those copies before the commit\n"
+      "                         (default on; off: the commit makes them all)\n"
       "  zero_detect=on|off     whole-block zero writes unmap (default on)\n"
       "  direct_io=on|off       O_DIRECT on the pool's data file (default off)\n"
       "  reflink=on|off         copy-on-write copies as reflinks inside the data\n"

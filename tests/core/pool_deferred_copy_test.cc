@@ -280,13 +280,54 @@ TEST(PoolDeferredCopyTest, CommitLatencyCountsTheOwedCopies) {
   EXPECT_GE(std::stoull(last.substr(ms + 2)), copying_us / 1000) << last;
 }
 
+// The background copier (PoolOptions::background_copies) makes owed copies
+// without a commit and without a sync: the data area holds whole blocks
+// soon after the writes, a power cut still loses what no commit made
+// durable, and a commit after the copier has nothing left to copy.
+TEST(PoolDeferredCopyTest, BackgroundCopierMakesOwedCopiesWithoutACommit) {
+  PoolOptions o = EngineFixture::DefaultOptions();
+  o.background_copies = true;
+  SnapFixture t(o);
+  auto wait_for_copies = [&](uint64_t n) {
+    for (int i = 0; i < 2000 && t.f.pool->Stats().deferred_copies < n; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return t.f.pool->Stats().deferred_copies;
+  };
+  const uint64_t syncs = t.f.data->sync_count();
+  std::vector<std::byte> snap = t.origin;
+  for (uint64_t b = 0; b < 4; ++b) t.Write("s", b * kBs + 4096, 4096, 40 + b, &snap);
+  ASSERT_EQ(wait_for_copies(4), 4u) << "the copier made the owed copies";
+  for (uint64_t b = 0; b < 4; ++b) {
+    EXPECT_EQ(t.RawBlock("s", b), Slice(snap, b * kBs, kBs)) << "block " << b << " is whole";
+  }
+  EXPECT_EQ(t.f.data->sync_count(), syncs) << "the copier never syncs";
+  EXPECT_EQ(t.f.ReadAll("s"), snap);
+  t.f.Crash();
+  EXPECT_EQ(t.f.ReadAll("s"), t.origin) << "no commit: the writes are lost with their copies";
+  EXPECT_EQ(t.f.ReadAll("o"), t.origin);
+
+  snap = t.origin;
+  for (uint64_t b = 0; b < 4; ++b) t.Write("s", b * kBs + 8192, 4096, 50 + b, &snap);
+  ASSERT_EQ(wait_for_copies(4), 4u) << "again, after the reopen";
+  ASSERT_OK(t.f.pool->Commit());
+  EXPECT_EQ(t.f.pool->Stats().deferred_copies, 4u) << "the commit had nothing left to copy";
+  t.f.Crash();
+  EXPECT_EQ(t.f.ReadAll("s"), snap);
+  EXPECT_EQ(t.f.ReadAll("o"), t.origin);
+  t.f.CheckConsistency(false);
+}
+
 // Writers copying on write into a snapshot (each its own blocks), readers
 // of the snapshot and of its origin, and commits, all at once (also run
-// under TSan). The origin never changes; the snapshot ends as the model,
-// also after a power cut.
-TEST(PoolDeferredCopyTest, ConcurrentCowWritersReadersAndCommits) {
+// under TSan); with the background copier, it makes copies at the same
+// time. The origin never changes; the snapshot ends as the model, also
+// after a power cut.
+void ConcurrentCowWritersReadersAndCommits(bool background_copies) {
   constexpr uint64_t kBlocks = 16;
-  EngineFixture f(kBs, 4 * kBlocks);
+  PoolOptions options = EngineFixture::DefaultOptions();
+  options.background_copies = background_copies;
+  EngineFixture f(kBs, 4 * kBlocks, options);
   ASSERT_TRUE(f.pool->CreateDevice("o", kBlocks * kBs).ok());
   const auto origin = Pattern(kBlocks * kBs, 30);
   ASSERT_OK(Open(*f.pool, "o")->Write(0, origin));
@@ -339,6 +380,14 @@ TEST(PoolDeferredCopyTest, ConcurrentCowWritersReadersAndCommits) {
   EXPECT_EQ(f.ReadAll("s"), model);
   EXPECT_EQ(f.ReadAll("o"), origin);
   f.CheckConsistency(false);
+}
+
+TEST(PoolDeferredCopyTest, ConcurrentCowWritersReadersAndCommits) {
+  ConcurrentCowWritersReadersAndCommits(/*background_copies=*/false);
+}
+
+TEST(PoolDeferredCopyTest, ConcurrentCowWritersReadersCommitsAndTheCopier) {
+  ConcurrentCowWritersReadersAndCommits(/*background_copies=*/true);
 }
 
 }  // namespace

@@ -92,6 +92,7 @@ struct EngineFixture {
     PoolOptions o;
     o.commit_interval = std::chrono::milliseconds(0);
     o.background_gc = false;
+    o.background_copies = false;
     return o;
   }
 

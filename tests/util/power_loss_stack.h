@@ -228,6 +228,7 @@ class PowerLossStack {
     PoolOptions o;
     o.commit_interval = std::chrono::milliseconds(0);
     o.background_gc = false;
+    o.background_copies = false;  // every cut replays: no thread may write
     return o;
   }
 
