@@ -99,6 +99,11 @@ void FaultInjectionBlockDevice::FailNthIo(uint64_t n) {
   fail_countdown_ = n;
 }
 
+bool FaultInjectionBlockDevice::FailurePending() const {
+  MutexLock l(&mu_);
+  return fail_countdown_ != 0;
+}
+
 void FaultInjectionBlockDevice::SetReadDelay(std::chrono::microseconds delay) {
   read_delay_us_.store(delay.count(), std::memory_order_relaxed);
 }

@@ -60,6 +60,8 @@ class FaultInjectionBlockDevice final : public BlockDevice {
 
   // The n-th subsequent Read/Write/Sync fails once; 0 disables.
   void FailNthIo(uint64_t n);
+  // Whether a failure FailNthIo asked for is still to come.
+  bool FailurePending() const;
 
   // Enables torn writes for the next DropUnsyncedWrites().
   void SetTornWriteOnCrash(bool torn);

@@ -76,6 +76,9 @@ constexpr uint64_t kReadAheadBytes = 4 << 20;
 // them (docs/benchmarks.md, lever 24): long enough for a batch in source
 // order, short against the 1 s commit interval.
 constexpr std::chrono::milliseconds kCopyAheadDelay{20};
+// How long it waits after a copy failed before it tries again (the commit
+// that fails on it stops the pool's writes first, most likely).
+constexpr std::chrono::milliseconds kCopierRetryDelay{1000};
 
 size_t HashKey(uint64_t dev, uint64_t vblock) {
   uint64_t h = dev * 0x9E3779B97F4A7C15ULL ^ (vblock + 0x632BE59BD9B4E019ULL);
@@ -677,7 +680,7 @@ struct Pool::Impl {
       n_cow.fetch_add(1, std::memory_order_relaxed);
       s = copies.Start(p, before.value.block, off, buf);
       if (copies.size() * 2 >= copies.capacity()) WakeCommitter();
-      if (copies.size() == 1) WakeCopier();
+      WakeCopier();
     } else if (before.mapped() && data->SharesCopies() && !copies.Owes(before.value.block)) {
       // Copy-on-write now, where the copy shares data (a reflink): the
       // bytes around the write are shared with the old block, never read.
@@ -991,7 +994,9 @@ struct Pool::Impl {
     timer_cv.Signal();
   }
 
-  // Tells the background copier that copies are owed (when it runs).
+  // Tells the background copier that copies are owed (when it runs). Every
+  // owed copy signals: a wake-up only when the table stops being empty
+  // could be missed by two writers starting copies at once.
   void WakeCopier() {
     MutexLock l(&copier_mu);
     copier_cv.Signal();
@@ -1002,19 +1007,29 @@ struct Pool::Impl {
   // commit would (DeferredCopies::CompleteAll; the two may run at once,
   // and each copy is made once). It neither syncs nor commits: the next
   // commit's data sync covers these writes like its own copies. A copy
-  // that fails stays owed, and the commit that tries it again reports it.
+  // that fails stays owed, and the commit that tries it again reports it;
+  // the copier tries again only after kCopierRetryDelay, and not at all
+  // once the pool has stopped writing.
   void CopierLoop() {
     while (true) {
       {
         MutexLock l(&copier_mu);
-        while (!copier_stop && copies.size() == 0) copier_cv.Wait();
-        if (copier_stop) return;
-        copier_cv.WaitFor(kCopyAheadDelay);
-        if (copier_stop) return;
+        while (!copier_stop && (copies.size() == 0 || failed.load())) copier_cv.Wait();
+        if (!CopierSleep(kCopyAheadDelay)) return;
       }
-      Status s = copies.CompleteAll();
-      (void)s;
+      if (copies.CompleteAll().ok()) continue;
+      MutexLock l(&copier_mu);
+      if (!CopierSleep(kCopierRetryDelay)) return;
     }
+  }
+
+  // Sleeps for `d` or until the stop, whatever signals come meanwhile;
+  // false on the stop.
+  bool CopierSleep(std::chrono::milliseconds d) REQUIRES(copier_mu) {
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point until = Clock::now() + d;
+    while (!copier_stop && Clock::now() < until) copier_cv.WaitFor(until - Clock::now());
+    return !copier_stop;
   }
 
   void CommitLoop() {

@@ -318,6 +318,30 @@ TEST(PoolDeferredCopyTest, BackgroundCopierMakesOwedCopiesWithoutACommit) {
   t.f.CheckConsistency(false);
 }
 
+// A copy the background copier fails to make stays owed and readable, and
+// the commit makes it (the copier waits a second before trying again).
+TEST(PoolDeferredCopyTest, FailedBackgroundCopyStaysOwedForTheCommit) {
+  PoolOptions o = EngineFixture::DefaultOptions();
+  o.background_copies = true;
+  SnapFixture t(o);
+  std::vector<std::byte> snap = t.origin;
+  t.f.data->FailNthIo(2);  // 1: the write's own bytes; 2: the copier's read of the source
+  t.Write("s", kBs + 4096, 4096, 60, &snap);
+  for (int i = 0; i < 2000 && t.f.data->FailurePending(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_FALSE(t.f.data->FailurePending()) << "the copier tried the copy";
+  // Well within the copier's second before it tries again.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(t.f.pool->Stats().deferred_copies, 0u) << "it failed, and the copy stays owed";
+  EXPECT_EQ(t.f.ReadAll("s"), snap) << "and readable";
+  ASSERT_OK(t.f.pool->Commit());
+  EXPECT_EQ(t.f.pool->Stats().deferred_copies, 1u) << "the commit made it";
+  t.f.Crash();
+  EXPECT_EQ(t.f.ReadAll("s"), snap);
+  EXPECT_EQ(t.f.ReadAll("o"), t.origin);
+}
+
 // Writers copying on write into a snapshot (each its own blocks), readers
 // of the snapshot and of its origin, and commits, all at once (also run
 // under TSan); with the background copier, it makes copies at the same
