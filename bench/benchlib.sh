@@ -14,6 +14,12 @@ disk_stat_file() {
   echo "$stat"
 }
 
+# Prints lines 2 to LAST of the calling script's header comment, without
+# the comment marks: its usage text.
+header_usage() {
+  sed -n "2,$1p" "$0" | sed 's/^# \{0,1\}//'
+}
+
 # Exits 77 (the test is skipped) without root or fio, unless CI is set,
 # where that is a failure (exit 1). PROBE names the script in the message.
 require_root_and_fio() {

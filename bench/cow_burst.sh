@@ -31,12 +31,12 @@ while [[ $# -gt 0 && $1 == --* ]]; do
     --size) size=$2; shift 2 ;;
     --runtime) runtime=$2; shift 2 ;;
     --burst) burst=$2; shift 2 ;;
-    -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) header_usage 21; exit 0 ;;
     *) echo "cow_burst: unknown option $1" >&2; exit 2 ;;
   esac
 done
 if [[ $# -lt 1 ]]; then
-  sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
+  header_usage 21
   exit 2
 fi
 require_root_and_fio cow_burst

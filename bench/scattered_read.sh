@@ -26,12 +26,12 @@ while [[ $# -gt 0 && $1 == --* ]]; do
     --rounds) rounds=$2; shift 2 ;;
     --size) size=$2; shift 2 ;;
     --cow) cow=$2; shift 2 ;;
-    -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) header_usage 17; exit 0 ;;
     *) echo "scattered_read: unknown option $1" >&2; exit 2 ;;
   esac
 done
 if [[ $# -lt 1 ]]; then
-  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+  header_usage 17
   exit 2
 fi
 require_root_and_fio scattered_read

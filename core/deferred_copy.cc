@@ -179,7 +179,7 @@ Status DeferredCopies::CompleteLocked(Owed& o, std::vector<std::byte>* scratch) 
   return Status::Ok();
 }
 
-Status DeferredCopies::CompleteAll() {
+Status DeferredCopies::CompleteAll(uint64_t* made) {
   std::vector<std::shared_ptr<Owed>> owed;
   for (Shard& s : shards_) {
     MutexLock l(&s.mu);
@@ -203,6 +203,7 @@ Status DeferredCopies::CompleteAll() {
       if (!o->done) {
         THINFS_RETURN_IF_ERROR(CompleteLocked(*o, &scratch));
         completed_.fetch_add(1, std::memory_order_relaxed);
+        if (made != nullptr) ++*made;
       }
     }
     Erase(*o);

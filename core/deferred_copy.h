@@ -90,8 +90,9 @@ class DeferredCopies {
   // started meanwhile may or may not be made. On error the copies not made
   // stay owed (and readable). The commit calls it, and the pool's
   // background copier between commits; calls may overlap, and each copy
-  // is made once.
-  Status CompleteAll();
+  // is made once. `made`, if given, is raised by the copies this call
+  // made (not those an overlapping call made).
+  Status CompleteAll(uint64_t* made = nullptr);
 
   // Copies made so far by CompleteAll() (statistics).
   uint64_t completed() const { return completed_.load(std::memory_order_relaxed); }

@@ -883,7 +883,7 @@ struct Pool::Impl {
     // A commit's latency starts here: the owed copies are part of what an
     // fsync waits for.
     const Clock::time_point t_copies = Clock::now();
-    const uint64_t copies_before = copies.completed();
+    uint64_t copies_made = 0;
     // Owed copy-on-write copies, before the data sync: every mapping this
     // commit writes points at a complete block. (A copy is owed only by a
     // write whose edit is in this commit or the next.)
@@ -892,7 +892,7 @@ struct Pool::Impl {
     // both.
     bool must_sync = new_data.exchange(false);
     if (copies.size() != 0) {
-      Status cs = copies.CompleteAll();
+      Status cs = copies.CompleteAll(&copies_made);
       if (!cs.ok()) {
         failure = cs.ToString();
         failed.store(true);
@@ -920,7 +920,6 @@ struct Pool::Impl {
       }
     }
     const Clock::time_point t0 = Clock::now();
-    const uint64_t copies_made = copies.completed() - copies_before;
     // No data write since the last data sync: nothing to flush (a snapshot,
     // a rename, a commit after fsync). data_dirty is set after each write.
     Status s = Status::Ok();

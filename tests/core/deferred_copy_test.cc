@@ -83,10 +83,15 @@ TEST(DeferredCopiesTest, OwedBlockReadsWrittenBytesAndTheSourceElsewhere) {
   EXPECT_NE(raw, want);
   EXPECT_EQ(std::memcmp(raw.data() + 8192, w.data(), w.size()), 0);
 
-  ASSERT_TRUE(f.copies.CompleteAll().ok());
+  uint64_t made = 0;
+  ASSERT_TRUE(f.copies.CompleteAll(&made).ok());
+  EXPECT_EQ(made, 1u);
   EXPECT_FALSE(f.copies.Owes(PoolBlock(1)));
   EXPECT_EQ(f.copies.size(), 0u);
   EXPECT_EQ(f.copies.completed(), 1u);
+  made = 0;
+  ASSERT_TRUE(f.copies.CompleteAll(&made).ok());
+  EXPECT_EQ(made, 0u) << "nothing left to make";
   EXPECT_EQ(ReadRaw(f.data, PoolBlock(1)), want) << "the commit's copy completes the block";
 }
 
