@@ -45,10 +45,11 @@ class SpaceMap {
   // released them is durable.
   virtual void Release(const std::vector<PoolBlock>& blocks) = 0;
 
-  // Makes the allocation state durable (msync of the bitmap, header with the
-  // given generation). An implementation may skip the bits when none
-  // changed since the last Sync, never the generation. Returns kIOError on
-  // failure.
+  // Makes the allocation state durable (msync of the bitmap) and records
+  // the given generation in its header. An implementation may skip the
+  // bits when none changed since the last Sync. The generation need not be
+  // durable on return (it may lag the metadata after a crash, never lead it
+  // by more than the commit in flight). Returns kIOError on failure.
   virtual Status Sync(uint64_t generation) = 0;
 
   // Marks `block` used without allocating through the search (used by

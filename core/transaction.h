@@ -19,16 +19,18 @@
 //   2. Make the allocation bitmap durable (msync): every block the frozen
 //      mappings use is marked allocated before any mapping to it exists on
 //      disk. The bitmap may over-report after a crash, never under-report.
-//      When no bit changed since its last sync, only the header (its new
-//      generation) is synced.
+//      When no bit changed since its last sync, the body is not synced.
+//      The header's new generation is written and its write-back started,
+//      not waited for: it may lag the metadata after a crash, and it can
+//      lead it by at most this commit (meta::CheckBitmapGeneration).
 //   3. Write the frozen edits as one RocksDB WriteBatch with sync=true.
 //      This is the commit.
 //   4. Only then release the blocks freed by the frozen edits to the
 //      allocator, and drop the frozen overlay.
 //
 // Without data writes or allocations since the last commit (a snapshot,
-// create or rename after an fsync) the commit's I/O is the bitmap header's
-// msync and step 3: one WAL write and fdatasync.
+// create or rename after an fsync) the commit's only synchronous I/O is
+// step 3: one WAL write and fdatasync.
 //
 // A crash before 3 loses the frozen edits (and leaks their blocks, which
 // recovery reclaims by rebuilding the bitmap from the block map); a crash

@@ -77,10 +77,12 @@ class BitmapSpaceMap final : public SpaceMap {
   // REQUIRES: every block came from TakePendingFrees() and is not yet
   // released.
   void Release(const std::vector<PoolBlock>& blocks) override;
-  // msyncs the body, then writes `generation` into the header and msyncs
-  // it. When no bit changed since the last successful Sync (or since Open
-  // or MarkDirty), the file already holds every bit: only the header is
-  // written and synced.
+  // msyncs the body, then writes `generation` into the header and starts
+  // the header's write-back without waiting for it (after a crash the
+  // header may lag the metadata, which CheckBitmapGeneration accepts).
+  // When no bit changed since the last successful Sync (or since Open or
+  // MarkDirty), the file already holds every bit: only the header is
+  // written.
   // Returns kReadOnly on a read-only map, kIOError on msync failure.
   Status Sync(uint64_t generation) override;
   // Idempotent: a block that is already used stays used.

@@ -42,8 +42,10 @@ namespace thinfs::meta {
 //   24 nr_blocks        Data blocks covered; must equal the superblock's.
 //   32 generation       Metadata commit generation whose allocation state
 //                       was last made durable (Sync) or at clean shutdown.
-//                       Written by every commit (a commit that changed no
-//                       bit syncs this header only).
+//                       Written by every commit before its metadata
+//                       (after an msync of the body when a bit changed);
+//                       its write-back is started, not waited for, so after
+//                       a crash it may lag the superblock's transaction id.
 //   40 clean            1 after a clean shutdown, 0 while a writer has the
 //                       pool open. Any other value is corrupt.
 //   44 reserved         Zero.

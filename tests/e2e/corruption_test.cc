@@ -366,7 +366,7 @@ TEST_F(CorruptionTest, TruncatedWalIsNotSilentlyRolledBack) {
   // close flushes them into SST files). A WAL cut short replays up to the
   // cut without complaint (point-in-time recovery), and the recovery would
   // rebuild the bitmap from an older block map: an older pool, silently.
-  // The bitmap's generation (synced by every commit) gives the loss away.
+  // The bitmap's generation (written by every commit) gives the loss away.
   ASSERT_EQ(MountForeground("commit_interval=0"), "");
   for (uint64_t i = 0; i < 8; ++i) {
     Write("b", kVolBytes / 2 + i * kBlock, Pattern(10 + i, 0, kBlock));  // a commit each

@@ -11,6 +11,9 @@
 //   - SnapshotSpaceMap copies the bitmap file aside whenever the bitmap is
 //     made durable (Sync, MarkDirty, MarkClean) and puts that copy back at
 //     the cut, dropping every bit the kernel was never asked to write.
+//     Sync only starts the header's write-back: at the cut the header is
+//     the one of any Sync since the last MarkDirty or MarkClean, or theirs,
+//     chosen by the seeded generator (a generation behind the metadata).
 // Each layer can also fail its N-th sync, and the space map can switch the
 // RocksDB file system off right after a successful sync: a cut in the
 // middle of a commit, between the bitmap and the metadata write.
@@ -37,6 +40,7 @@
 #include "core/pool.h"
 #include "meta/bitmap_space_map.h"
 #include "meta/fault_injection_env.h"
+#include "meta/format.h"
 #include "meta/pool_dir.h"
 #include "meta/rocksdb_store.h"
 #include "tests/util/forwarding.h"
@@ -129,7 +133,7 @@ class SnapshotSpaceMap final : public SpaceMap {
       return Status::IOError("injected bitmap sync failure");
     }
     THINFS_RETURN_IF_ERROR(b_->Sync(g));
-    Save();
+    Save(/*header_durable=*/false);
     if (cut_metadata_after_sync_at_ != 0 && syncs_ == cut_metadata_after_sync_at_ &&
         after_sync_) {
       after_sync_();
@@ -161,21 +165,40 @@ class SnapshotSpaceMap final : public SpaceMap {
     after_sync_ = std::move(fn);
   }
 
-  // The cut: the mapping goes away and the file is what was made durable.
-  void PowerCut() {
+  // The cut: the mapping goes away and the file is what was made durable,
+  // under one of the headers that may have reached the disk. Returns true
+  // when that header is older than the last Sync's.
+  bool PowerCut(std::mt19937_64* rng) {
     b_.reset();
     std::error_code ec;
     std::filesystem::copy_file(path_ + ".durable", path_,
                                std::filesystem::copy_options::overwrite_existing, ec);
     EXPECT_FALSE(ec) << ec.message();
+    if (headers_.size() < 2) return false;
+    const size_t pick = (*rng)() % headers_.size();
+    const std::vector<char>& h = headers_[pick];
+    int fd = ::open(path_.c_str(), O_WRONLY);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(::pwrite(fd, h.data(), h.size(), 0), static_cast<ssize_t>(h.size()));
+    ::close(fd);
+    return pick + 1 < headers_.size();
   }
 
  private:
-  void Save() {
+  // Copies the file aside as durable. Its header counts as one of those a
+  // cut may find; a durable one (MarkDirty, MarkClean) ends the choice.
+  void Save(bool header_durable = true) {
     std::error_code ec;
     std::filesystem::copy_file(path_, path_ + ".durable",
                                std::filesystem::copy_options::overwrite_existing, ec);
     EXPECT_FALSE(ec) << ec.message();
+    std::vector<char> header(meta::kBitmapHeaderSize);
+    int fd = ::open(path_.c_str(), O_RDONLY);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(::pread(fd, header.data(), header.size(), 0), static_cast<ssize_t>(header.size()));
+    ::close(fd);
+    if (header_durable) headers_.clear();
+    headers_.push_back(std::move(header));
   }
 
   const std::string path_;
@@ -184,6 +207,8 @@ class SnapshotSpaceMap final : public SpaceMap {
   uint64_t fail_sync_at_ = 0;
   uint64_t cut_metadata_after_sync_at_ = 0;
   std::function<void()> after_sync_;
+  // Headers a cut may find, oldest first; the last is the file's own.
+  std::vector<std::vector<char>> headers_;
 };
 
 // A pool in a temporary directory on the real stack above.
@@ -277,7 +302,7 @@ class PowerLossStack {
     store_.reset();
     int torn_blocks = data_->PowerCut(&rng_, torn);
     data_.reset();
-    space_->PowerCut();
+    if (space_->PowerCut(&rng_)) ++lagging_header_cuts_;
     space_.reset();
     Status s = fs_->DropUnsyncedData();
     EXPECT_TRUE(s.ok()) << s.ToString();
@@ -293,12 +318,15 @@ class PowerLossStack {
   SnapshotSpaceMap* space() { return space_.get(); }
   meta::RocksDbStore* store() { return store_.get(); }
   std::mt19937_64* rng() { return &rng_; }
+  // Cuts that put back a bitmap header older than its last Sync's.
+  uint64_t lagging_header_cuts() const { return lagging_header_cuts_; }
 
   std::unique_ptr<Pool> pool;
 
  private:
   const Geometry geometry_;
   std::mt19937_64 rng_;
+  uint64_t lagging_header_cuts_ = 0;
   std::string root_;
   std::unique_ptr<meta::FaultInjectionFs> fs_;
   meta::RocksDbOptions store_options_;
