@@ -152,6 +152,9 @@ struct VolumeState {
   std::atomic<uint64_t> size;        // changed under io_mu exclusive
   std::atomic<int64_t> mapped;       // changed under swap_mu_ shared
   std::atomic<bool> dirty{false};    // record must be written at next commit
+  // A write moved mtime/ctime and nothing else: every commit but an
+  // fdatasync's (CommitKind::kDataSync) writes the record for it.
+  std::atomic<bool> times_dirty{false};
   std::atomic<bool> gone{false};     // deleted: I/O fails with kNotFound
   std::atomic<int64_t> mtime_ns;
   std::atomic<int64_t> ctime_ns;
@@ -186,16 +189,18 @@ struct VolumeState {
   // within the current tick stand, and the record stays clean: an fsync
   // after overwrites in place then has no metadata to commit, only the data
   // to sync (docs/benchmarks.md, lever 26). Times outside [tick, now], a
-  // future mtime from utimensat among them, are replaced as before.
+  // future mtime from utimensat among them, are replaced as before. The
+  // times are stored before the flag: a commit that takes the flag
+  // records them.
   void TouchForWrite() {
     const int64_t tick = TickNs();
     const int64_t now = NowNs();
     const int64_t m = mtime_ns.load(std::memory_order_relaxed);
     const int64_t c = ctime_ns.load(std::memory_order_relaxed);
     if (m >= tick && m <= now && c >= tick && c <= now) return;
-    mtime_ns.store(now, std::memory_order_relaxed);
-    ctime_ns.store(now, std::memory_order_relaxed);
-    dirty.store(true, std::memory_order_relaxed);
+    mtime_ns.store(now);
+    ctime_ns.store(now);
+    times_dirty.store(true);
   }
 };
 
@@ -866,10 +871,13 @@ struct Pool::Impl {
 
   // ---- Commit ----
   // kExplicit (fsync, snapshot, unmount, management operations, Commit()):
-  // syncs every data write before it. kPeriodic (the committer thread): the
+  // syncs every data write before it. kDataSync (fdatasync): the same, but
+  // a device record whose only change is a write's new times is left to
+  // the next other commit, as fdatasync(2) leaves a file's timestamps
+  // (lever 26). kPeriodic (the committer thread): the
   // same with sync_overwrites (the default); without, it syncs the data only
   // when the commit has new data to make reachable.
-  enum class CommitKind { kExplicit, kPeriodic };
+  enum class CommitKind { kExplicit, kDataSync, kPeriodic };
   Status Commit(CommitKind kind = CommitKind::kExplicit) EXCLUDES(swap_mu) {
     MutexLock c(&commit_mu);
     if (options.read_only) return Status::Ok();
@@ -897,7 +905,10 @@ struct Pool::Impl {
       {
         MutexLock d(&devices_mu);
         for (auto& [id, st] : devices) {
-          if (st->dirty.exchange(false)) batch.put_devices.push_back(st->Snapshot());
+          bool put = st->dirty.exchange(false);
+          // A record written anyway carries the times too.
+          if (put || kind != CommitKind::kDataSync) put |= st->times_dirty.exchange(false);
+          if (put) batch.put_devices.push_back(st->Snapshot());
         }
         batch.delete_devices = std::move(deleted_records);
         deleted_records.clear();
@@ -927,7 +938,7 @@ struct Pool::Impl {
       must_sync = true;
     }
     bool data_written = false;
-    if (must_sync || kind == CommitKind::kExplicit || options.sync_overwrites) {
+    if (must_sync || kind != CommitKind::kPeriodic || options.sync_overwrites) {
       data_written = data_dirty.exchange(false) || must_sync;
     }
     // Nothing for the metadata to record: no mapping, refcount, device
@@ -1593,7 +1604,10 @@ Status Volume::Provision(uint64_t offset, uint64_t length) {
   return Status::Ok();
 }
 
-Status Volume::Flush() { return pool_->impl_->Commit(); }
+Status Volume::Flush(bool data_only) {
+  return pool_->impl_->Commit(data_only ? Pool::Impl::CommitKind::kDataSync
+                                        : Pool::Impl::CommitKind::kExplicit);
+}
 
 Result<uint64_t> Volume::SeekData(uint64_t offset) {
   Pool::Impl& p = *pool_->impl_;

@@ -205,8 +205,12 @@ class Volume {
   Status Discard(uint64_t offset, uint64_t length);
   // Provisions every unmapped block in the range (fallocate mode 0).
   Status Provision(uint64_t offset, uint64_t length);
-  // Commits the pool.
-  Status Flush();
+  // Commits the pool: every write before it is durable. With `data_only`
+  // (fdatasync), a device record whose only change is a write's new
+  // mtime/ctime is left to the next other commit (the periodic one, an
+  // fsync, a close of a written file), as fdatasync(2) leaves a file's
+  // timestamps.
+  Status Flush(bool data_only = false);
   uint64_t size() const;
 
   // The first offset >= `offset` that is (SeekData) or is not (SeekHole)

@@ -796,13 +796,17 @@ void OnFlush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) noexcept {
   });
 }
 
-void OnFsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info* fi) noexcept {
+void OnFsync(fuse_req_t req, fuse_ino_t, int datasync, fuse_file_info* fi) noexcept {
   Guarded(req, "fsync", [&] {
     FileHandle* handle = FileOf(fi);
     // fsync covers writes made through any descriptor: always commit.
-    handle->dirty.store(false);
-    handle->device_dirty->store(false);
-    Status s = handle->volume->Flush();
+    // fdatasync leaves a write's new times to a later commit, so the
+    // handle stays dirty: its close commits them.
+    if (datasync == 0) {
+      handle->dirty.store(false);
+      handle->device_dirty->store(false);
+    }
+    Status s = handle->volume->Flush(/*data_only=*/datasync != 0);
     if (!s.ok()) {
       ReplyError(req, s, "fsync");
       return;

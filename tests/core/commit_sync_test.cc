@@ -234,6 +234,65 @@ TEST_F(CommitSyncTest, AWriteKeepsTheTimesOnlyWithinTheirTick) {
   EXPECT_LE(times().first, now_ns());
 }
 
+// fdatasync (Flush(data_only)) syncs every write but leaves a write's new
+// times to the next other commit, as fdatasync(2) leaves a file's
+// timestamps; a record that changed otherwise is written whole.
+TEST_F(CommitSyncTest, FdatasyncLeavesAWritesNewTimesToTheNextCommit) {
+  std::shared_ptr<Volume> v = NewVolume();
+  ASSERT_NE(v, nullptr);
+  ASSERT_OK(v->Write(0, testing::Pattern(kBs, 1)));
+  ASSERT_OK(v->Flush());
+  auto mtime = [&] {
+    Result<DeviceInfo> d = pool_->GetDevice("v");
+    EXPECT_TRUE(d.ok()) << d.status().ToString();
+    return d.ok() ? d->mtime_ns : int64_t{0};
+  };
+  // Writes a tick after the last one, so that its times move.
+  auto write_later = [&](uint64_t off, int pattern) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const int64_t before = mtime();
+    EXPECT_OK(v->Write(off, testing::Pattern(kBs, pattern)));
+    EXPECT_GT(mtime(), before);
+    return mtime();
+  };
+  const int64_t committed = mtime();
+  write_later(0, 2);  // in place
+  const uint64_t txn = pool_->Stats().transaction_id, syncs = data_->sync_count();
+  ASSERT_OK(v->Flush(/*data_only=*/true));
+  EXPECT_EQ(data_->sync_count(), syncs + 1);
+  EXPECT_EQ(pool_->Stats().transaction_id, txn) << "only the times changed";
+  PowerCut();
+  EXPECT_EQ(Read("v", 0, kBs), testing::Pattern(kBs, 2)) << "the data is durable";
+  EXPECT_EQ(mtime(), committed) << "the times are the last commit's";
+
+  // A new block changes the record's mapped count: written whole.
+  v = testing::OpenOrFail(*pool_, "v");
+  ASSERT_NE(v, nullptr);
+  const int64_t with_block = write_later(4 * kBs, 3);
+  ASSERT_OK(v->Flush(/*data_only=*/true));
+  PowerCut();
+  EXPECT_EQ(Read("v", 4 * kBs, kBs), testing::Pattern(kBs, 3));
+  EXPECT_EQ(mtime(), with_block);
+
+  // Every other commit records the times an fdatasync left: fsync...
+  v = testing::OpenOrFail(*pool_, "v");
+  ASSERT_NE(v, nullptr);
+  const int64_t for_fsync = write_later(0, 4);
+  ASSERT_OK(v->Flush(/*data_only=*/true));
+  ASSERT_OK(v->Flush());
+  PowerCut();
+  EXPECT_EQ(mtime(), for_fsync);
+  // ...and the periodic commit.
+  v = testing::OpenOrFail(*pool_, "v");
+  ASSERT_NE(v, nullptr);
+  const int64_t for_periodic = write_later(0, 5);
+  ASSERT_OK(v->Flush(/*data_only=*/true));
+  ASSERT_OK(pool_->PeriodicCommitForTesting());
+  PowerCut();
+  EXPECT_EQ(mtime(), for_periodic);
+  EXPECT_EQ(Read("v", 0, kBs), testing::Pattern(kBs, 5));
+}
+
 // --- The periodic commit (PoolOptions::sync_overwrites) ------------------
 // By default it syncs every write. With sync_overwrites off it syncs the
 // data only when it writes mappings to new data; overwrites in place wait

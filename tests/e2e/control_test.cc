@@ -258,14 +258,12 @@ TEST_F(ControlTest, SnapshotCowWritesReadBackWithCopiesDeferredOrNot) {
   EXPECT_EQ(check.exit_code, 0) << check.output;
 }
 
-// The periodic commit syncs the data file for overwrites in place unless
-// -o sync_overwrites=off, where they wait for fsync (PoolOptions::
-// sync_overwrites). Seen through status's counters, asked on the control
-// socket by this process: the written fd stays open and nothing forks, as
-// any close of it (even a forked child's) sends FLUSH, which commits.
-class SyncOverwritesTest : public ControlTest, public ::testing::WithParamInterface<bool> {
+// Status asked on the control socket by this process: a written fd can
+// stay open and nothing forks, as any close of it (even a forked child's)
+// sends FLUSH, which commits.
+class StatusCountersTest : public ControlTest {
  protected:
-  JsonValue Counters() {
+  JsonValue StatusJson() {
     Result<std::string> request = EncodeAdminRequest(AdminRequest{"status", {}});
     EXPECT_TRUE(request.ok());
     if (!request.ok()) return JsonValue{};
@@ -273,9 +271,48 @@ class SyncOverwritesTest : public ControlTest, public ::testing::WithParamInterf
     EXPECT_TRUE(reply.has_value());
     if (!reply) return JsonValue{};
     EXPECT_EQ(reply->exit_code, kAdminOk) << reply->error;
-    return ParseJson(reply->json)["counters"];
+    return ParseJson(reply->json);
   }
+  JsonValue Counters() { return StatusJson()["counters"]; }
+  uint64_t TransactionId() { return StatusJson()["transaction_id"].AsUint(); }
 };
+
+// fdatasync(2) through the mount syncs the data and leaves a write's new
+// times to a later commit; fsync(2) commits them (lever 26). Without a
+// periodic commit, the transaction id shows which commits wrote metadata.
+TEST_F(StatusCountersTest, FdatasyncLeavesAWritesTimesFsyncCommitsThem) {
+  FormatPool("64M", "64K");
+  ASSERT_EQ(MountForeground("commit_interval=0"), "");
+  ExpectOk(Thinfs({"create", pool_, "v", "--size", "1M"}), "create");
+  int fd = open(Vol("v").c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  const std::vector<char> block = Pattern(1, 0, 65536);
+  ASSERT_EQ(pwrite(fd, block.data(), block.size(), 0), 65536);
+  ASSERT_EQ(fsync(fd), 0) << strerror(errno);  // the new block: committed
+  const uint64_t txn = TransactionId();
+  const uint64_t syncs = Counters()["data_syncs"].AsUint();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a tick: the times move
+  const std::vector<char> w = Pattern(2, 0, 4096);
+  ASSERT_EQ(pwrite(fd, w.data(), w.size(), 8192), 4096);  // in place
+  ASSERT_EQ(fdatasync(fd), 0) << strerror(errno);
+  EXPECT_EQ(Counters()["data_syncs"].AsUint(), syncs + 1) << "fdatasync syncs the data";
+  EXPECT_EQ(TransactionId(), txn) << "and leaves the new times";
+  ASSERT_EQ(fsync(fd), 0) << strerror(errno);
+  EXPECT_EQ(TransactionId(), txn + 1) << "fsync commits them";
+  // After an fdatasync, the close of the written file commits the times.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_EQ(pwrite(fd, w.data(), w.size(), 8192), 4096);
+  ASSERT_EQ(fdatasync(fd), 0) << strerror(errno);
+  EXPECT_EQ(TransactionId(), txn + 1);
+  ASSERT_EQ(close(fd), 0) << strerror(errno);
+  EXPECT_EQ(TransactionId(), txn + 2) << "close commits what fdatasync left";
+  ASSERT_EQ(Unmount(), "");
+}
+
+// The periodic commit syncs the data file for overwrites in place unless
+// -o sync_overwrites=off, where they wait for fsync (PoolOptions::
+// sync_overwrites). Seen through status's counters.
+class SyncOverwritesTest : public StatusCountersTest, public ::testing::WithParamInterface<bool> {};
 
 TEST_P(SyncOverwritesTest, PeriodicCommitSyncsOverwritesUnlessTurnedOff) {
   const bool sync_overwrites = GetParam();
