@@ -20,19 +20,17 @@ namespace thinfs {
 
 namespace {
 
-int64_t NowNs() {
+int64_t ClockNs(clockid_t clock) {
   struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
+  clock_gettime(clock, &ts);
   return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
 }
 
+int64_t NowNs() { return ClockNs(CLOCK_REALTIME); }
+
 // The real-time clock at its last tick (CLOCK_REALTIME_COARSE): never later
 // than NowNs(), and less than one tick (1-4 ms) earlier.
-int64_t TickNs() {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME_COARSE, &ts);
-  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
-}
+int64_t TickNs() { return ClockNs(CLOCK_REALTIME_COARSE); }
 
 bool IsAllZero(std::span<const std::byte> buf) {
   const std::byte* p = buf.data();

@@ -70,6 +70,19 @@ class CommitSyncTest : public ::testing::Test {
     EXPECT_EQ(data_->sync_count(), syncs + 1);
   }
 
+  // "v"'s mtime and ctime, as the pool reports them.
+  std::pair<int64_t, int64_t> Times() {
+    Result<DeviceInfo> d = pool_->GetDevice("v");
+    EXPECT_TRUE(d.ok()) << d.status().ToString();
+    return d.ok() ? std::pair{d->mtime_ns, d->ctime_ns} : std::pair<int64_t, int64_t>{};
+  }
+
+  static int64_t NowNs() {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+  }
+
   std::vector<std::byte> Read(const std::string& name, uint64_t off, size_t n) {
     std::shared_ptr<Volume> v = testing::OpenOrFail(*pool_, name);
     std::vector<std::byte> buf(n);
@@ -186,24 +199,14 @@ TEST_F(CommitSyncTest, AWriteKeepsTheTimesOnlyWithinTheirTick) {
   ASSERT_NE(v, nullptr);
   ASSERT_OK(v->Write(0, testing::Pattern(kBs, 1)));
   ASSERT_OK(v->Flush());
-  auto times = [&] {
-    Result<DeviceInfo> d = pool_->GetDevice("v");
-    EXPECT_TRUE(d.ok()) << d.status().ToString();
-    return d.ok() ? std::pair{d->mtime_ns, d->ctime_ns} : std::pair<int64_t, int64_t>{};
-  };
-  auto now_ns = [] {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
-  };
   // A write's times are never later than the write, nor earlier than one
   // tick (at most 20 ms here) before it, and never go backwards.
   for (int i = 0; i < 20; ++i) {
-    const auto [m0, c0] = times();
-    const int64_t before = now_ns();
+    const auto [m0, c0] = Times();
+    const int64_t before = NowNs();
     ASSERT_OK(v->Write(0, testing::Pattern(kBs, 2 + i)));
-    const int64_t after = now_ns();
-    const auto [m, c] = times();
+    const int64_t after = NowNs();
+    const auto [m, c] = Times();
     EXPECT_GE(m, m0);
     EXPECT_GE(c, c0);
     EXPECT_LE(m, after);
@@ -213,25 +216,25 @@ TEST_F(CommitSyncTest, AWriteKeepsTheTimesOnlyWithinTheirTick) {
   }
   // After a tick the next write moves them, and its Flush commits them.
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  const auto [m1, c1] = times();
+  const auto [m1, c1] = Times();
   ASSERT_OK(v->Write(0, testing::Pattern(kBs, 30)));
-  const auto [m2, c2] = times();
+  const auto [m2, c2] = Times();
   EXPECT_GT(m2, m1);
   EXPECT_GT(c2, c1);
   const uint64_t txn = pool_->Stats().transaction_id;
   ASSERT_OK(v->Flush());
   EXPECT_EQ(pool_->Stats().transaction_id, txn + 1);
   PowerCut();
-  EXPECT_EQ(times().first, m2);
+  EXPECT_EQ(Times().first, m2);
   // A time in the future (utimensat) is replaced by the next write at once.
   Result<DeviceInfo> d = pool_->GetDevice("v");
   ASSERT_TRUE(d.ok());
-  const int64_t future = now_ns() + 3600'000'000'000;
+  const int64_t future = NowNs() + 3600'000'000'000;
   ASSERT_OK(pool_->SetAttrs(d->id, std::nullopt, std::nullopt, std::nullopt, std::nullopt, future));
   v = testing::OpenOrFail(*pool_, "v");
   ASSERT_NE(v, nullptr);
   ASSERT_OK(v->Write(0, testing::Pattern(kBs, 31)));
-  EXPECT_LE(times().first, now_ns());
+  EXPECT_LE(Times().first, NowNs());
 }
 
 // fdatasync (Flush(data_only)) syncs every write but leaves a write's new
@@ -242,11 +245,7 @@ TEST_F(CommitSyncTest, FdatasyncLeavesAWritesNewTimesToTheNextCommit) {
   ASSERT_NE(v, nullptr);
   ASSERT_OK(v->Write(0, testing::Pattern(kBs, 1)));
   ASSERT_OK(v->Flush());
-  auto mtime = [&] {
-    Result<DeviceInfo> d = pool_->GetDevice("v");
-    EXPECT_TRUE(d.ok()) << d.status().ToString();
-    return d.ok() ? d->mtime_ns : int64_t{0};
-  };
+  auto mtime = [&] { return Times().first; };
   // Writes a tick after the last one, so that its times move.
   auto write_later = [&](uint64_t off, int pattern) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -265,31 +264,24 @@ TEST_F(CommitSyncTest, FdatasyncLeavesAWritesNewTimesToTheNextCommit) {
   EXPECT_EQ(Read("v", 0, kBs), testing::Pattern(kBs, 2)) << "the data is durable";
   EXPECT_EQ(mtime(), committed) << "the times are the last commit's";
 
+  // Reopens "v", writes a tick later, fdatasyncs, runs `then` and cuts the
+  // power: the times that write set must survive.
+  auto expect_times_kept = [&](uint64_t off, int pattern, const std::function<Status()>& then) {
+    v = testing::OpenOrFail(*pool_, "v");
+    ASSERT_NE(v, nullptr);
+    const int64_t moved = write_later(off, pattern);
+    ASSERT_OK(v->Flush(/*data_only=*/true));
+    ASSERT_OK(then());
+    PowerCut();
+    EXPECT_EQ(mtime(), moved);
+  };
   // A new block changes the record's mapped count: written whole.
-  v = testing::OpenOrFail(*pool_, "v");
-  ASSERT_NE(v, nullptr);
-  const int64_t with_block = write_later(4 * kBs, 3);
-  ASSERT_OK(v->Flush(/*data_only=*/true));
-  PowerCut();
+  expect_times_kept(4 * kBs, 3, [] { return Status::Ok(); });
   EXPECT_EQ(Read("v", 4 * kBs, kBs), testing::Pattern(kBs, 3));
-  EXPECT_EQ(mtime(), with_block);
-
   // Every other commit records the times an fdatasync left: fsync...
-  v = testing::OpenOrFail(*pool_, "v");
-  ASSERT_NE(v, nullptr);
-  const int64_t for_fsync = write_later(0, 4);
-  ASSERT_OK(v->Flush(/*data_only=*/true));
-  ASSERT_OK(v->Flush());
-  PowerCut();
-  EXPECT_EQ(mtime(), for_fsync);
+  expect_times_kept(0, 4, [&] { return v->Flush(); });
   // ...and the periodic commit.
-  v = testing::OpenOrFail(*pool_, "v");
-  ASSERT_NE(v, nullptr);
-  const int64_t for_periodic = write_later(0, 5);
-  ASSERT_OK(v->Flush(/*data_only=*/true));
-  ASSERT_OK(pool_->PeriodicCommitForTesting());
-  PowerCut();
-  EXPECT_EQ(mtime(), for_periodic);
+  expect_times_kept(0, 5, [&] { return pool_->PeriodicCommitForTesting(); });
   EXPECT_EQ(Read("v", 0, kBs), testing::Pattern(kBs, 5));
 }
 

@@ -275,6 +275,20 @@ class StatusCountersTest : public ControlTest {
   }
   JsonValue Counters() { return StatusJson()["counters"]; }
   uint64_t TransactionId() { return StatusJson()["transaction_id"].AsUint(); }
+
+  // Creates 1 MiB volume "v" on the mounted pool and opens it for writing,
+  // with its first 64 KiB block written and fsynced. Returns the fd, or -1
+  // after a failure.
+  int OpenWithACommittedBlock() {
+    ExpectOk(Thinfs({"create", pool_, "v", "--size", "1M"}), "create");
+    int fd = open(Vol("v").c_str(), O_WRONLY);
+    EXPECT_GE(fd, 0) << strerror(errno);
+    if (fd < 0) return -1;
+    const std::vector<char> block = Pattern(1, 0, 65536);
+    EXPECT_EQ(pwrite(fd, block.data(), block.size(), 0), 65536);
+    EXPECT_EQ(fsync(fd), 0) << strerror(errno);
+    return fd;
+  }
 };
 
 // fdatasync(2) through the mount syncs the data and leaves a write's new
@@ -283,12 +297,8 @@ class StatusCountersTest : public ControlTest {
 TEST_F(StatusCountersTest, FdatasyncLeavesAWritesTimesFsyncCommitsThem) {
   FormatPool("64M", "64K");
   ASSERT_EQ(MountForeground("commit_interval=0"), "");
-  ExpectOk(Thinfs({"create", pool_, "v", "--size", "1M"}), "create");
-  int fd = open(Vol("v").c_str(), O_WRONLY);
-  ASSERT_GE(fd, 0) << strerror(errno);
-  const std::vector<char> block = Pattern(1, 0, 65536);
-  ASSERT_EQ(pwrite(fd, block.data(), block.size(), 0), 65536);
-  ASSERT_EQ(fsync(fd), 0) << strerror(errno);  // the new block: committed
+  int fd = OpenWithACommittedBlock();
+  ASSERT_GE(fd, 0);
   const uint64_t txn = TransactionId();
   const uint64_t syncs = Counters()["data_syncs"].AsUint();
   std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a tick: the times move
@@ -320,12 +330,8 @@ TEST_P(SyncOverwritesTest, PeriodicCommitSyncsOverwritesUnlessTurnedOff) {
   ASSERT_EQ(MountForeground(sync_overwrites ? "commit_interval=20ms"
                                             : "commit_interval=20ms,sync_overwrites=off"),
             "");
-  ExpectOk(Thinfs({"create", pool_, "v", "--size", "1M"}), "create");
-  int fd = open(Vol("v").c_str(), O_WRONLY);
-  ASSERT_GE(fd, 0) << strerror(errno);
-  const std::vector<char> block = Pattern(1, 0, 65536);
-  ASSERT_EQ(pwrite(fd, block.data(), block.size(), 0), 65536);
-  ASSERT_EQ(fsync(fd), 0) << strerror(errno);  // the new block: synced
+  int fd = OpenWithACommittedBlock();  // the new block: synced
+  ASSERT_GE(fd, 0);
   const uint64_t syncs = Counters()["data_syncs"].AsUint();
   const uint64_t commits = Counters()["commits"].AsUint();
   EXPECT_GE(syncs, 1u);
