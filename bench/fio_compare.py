@@ -13,7 +13,10 @@ thinfs-snap, raw-loop-ext4, thinfs-loop-ext4 (loop devices attached with
 --loop-options, default --direct-io=on), and the opt-in thinfs-alt,
 thinfs-alt-snap (thinfs and thinfs-snap on a second pool with other mount
 options or another binary, for a lever's before/after), raw-loop-ext4-alt
-and thinfs-loop-ext4-alt (--alt-loop-options).
+and thinfs-loop-ext4-alt (--alt-loop-options), fuse-passthrough-alt, and
+passthrough-loop-ext4 (ext4 on a loop device over a file in a FUSE
+passthrough, --loop-passthrough: what FUSE alone costs a loop device,
+target 4's ceiling).
 Non-COW targets are written once before round 1 (untimed), so their jobs
 overwrite; COW targets (-snap, -reflink) get a new snapshot/copy of a fully
 written origin before every job, so their writes copy on write.
@@ -28,6 +31,8 @@ Jobs (fio, JSON output; metric in brackets):
 Opt-in jobs (only when named in --jobs):
   randwrite4k-4jobs-direct  4 KiB random write, 4 jobs, psync, direct=1 [IOPS]
   randrw4k-4jobs-direct     as randrw4k-4jobs with direct=1       [IOPS, r+w]
+  randwrite4k-fsync         as randwrite4k, fsync after every write [IOPS]
+  randwrite4k-fdatasync     as randwrite4k, fdatasync after every write [IOPS]
 Between jobs (untimed) every file of the target's stack is fsynced and, with
 --cache cold (default), evicted from the page cache. Reports medians with
 min-max, ratios to raw, Student's t at 95% (as ministat) for the pairs of
@@ -60,7 +65,8 @@ import time  # noqa: E402
 import fio_report  # noqa: E402
 import snapshot_time  # noqa: E402
 from benchlib import MiB, loadavg, log, parse_size, run, size_label  # noqa: E402
-from fio_targets import (ALT, ALT_SNAP, LOOP_OPTIONS, OPT_IN, PT_ALT, RAW_LOOP_ALT,  # noqa: E402
+from fio_targets import (ALT, ALT_SNAP, LOOP_OPTIONS, OPT_IN, PT_ALT, PT_LOOP,  # noqa: E402
+                         RAW_LOOP_ALT,  # noqa: E402
                          TARGETS, THINFS_LOOP_ALT, TOOLS, Stack)  # noqa: E402
 
 JOBS = [
@@ -80,6 +86,10 @@ JOBS = [
 OPT_IN_JOBS = [
     ("randwrite4k-4jobs-direct", "randwrite", "4k", 4, ["--direct=1"], "IOPS"),
     ("randrw4k-4jobs-direct", "randrw", "4k", 4, ["--rwmixread=50", "--direct=1"], "IOPS"),
+    # A database's commit pattern: every write made durable before the next
+    # (lever 26 and what the passthrough's fsync costs against thinfs's).
+    ("randwrite4k-fsync", "randwrite", "4k", 1, ["--fsync=1"], "IOPS"),
+    ("randwrite4k-fdatasync", "randwrite", "4k", 1, ["--fdatasync=1"], "IOPS"),
 ]
 
 
@@ -174,10 +184,11 @@ def report(args, cmdline, results, fs_type, mach, jobs, targets, stack_targets, 
          + (f"; {ALT}: mount options `{args.alt_mount_options or '(defaults)'}`, binary "
             f"`{args.alt_thinfs or args.thinfs}`" if ALT in targets or ALT_SNAP in targets else "")
          + (f"; loop devices: `losetup {args.loop_options or '(buffered)'}`"
-            if {"raw-loop-ext4", "thinfs-loop-ext4"} & set(targets) else "")
+            if {"raw-loop-ext4", "thinfs-loop-ext4", PT_LOOP} & set(targets) else "")
          + (f"; -alt loop devices: `losetup {args.alt_loop_options or '(buffered)'}`"
             if {RAW_LOOP_ALT, THINFS_LOOP_ALT} & set(targets) else "")
          + (f"; {PT_ALT}: `{args.alt_passthrough}`" if PT_ALT in targets else "")
+         + (f"; {PT_LOOP}: `{args.loop_passthrough}`" if PT_LOOP in targets else "")
          + f"; wall time of the fio part {mach['fio_minutes']:.1f} min. Cells: median "
          "(min–max) of the rounds; ratios: median (min–max) of the per-round ratios.",
          "- What the write jobs measure per target: "
@@ -238,6 +249,8 @@ def prerequisites(args):
         binaries.append(args.passthrough)
     if PT_ALT in args.targets:
         binaries.append(args.alt_passthrough)
+    if PT_LOOP in args.targets:
+        binaries.append(args.loop_passthrough)
     for b in binaries:
         if not (os.path.isfile(b) and os.access(b, os.X_OK)):
             missing.append(f"binary {b}")
@@ -259,6 +272,10 @@ def main():
                    default=os.path.join(build, "bench", "passthrough_ll_splice"),
                    help=f"FUSE server of the opt-in {PT_ALT} target (default: passthrough_ll "
                         "with splice on, built by bench/CMakeLists.txt)")
+    p.add_argument("--loop-passthrough",
+                   default=os.path.join(build, "bench", "passthrough_ll_buffered"),
+                   help=f"FUSE server of the opt-in {PT_LOOP} target (default: passthrough_ll "
+                        "without O_DIRECT on the host file, built by bench/CMakeLists.txt)")
     p.add_argument("--dir", default="/var/tmp", help="where the temp directories go")
     p.add_argument("--rounds", type=int, default=None, help="rounds (default 3; quick 1)")
     p.add_argument("--size", default=None, help="file/volume size (default 1G; quick 32M)")

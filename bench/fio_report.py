@@ -16,7 +16,9 @@ PAIRS = [("fuse-passthrough", "thinfs"), ("qcow2-qsd", "thinfs"),
          ("btrfs-reflink", "thinfs-snap"), ("qcow2-qsd-snap", "thinfs-snap"),
          ("raw-loop-ext4", "thinfs-loop-ext4"), ("thinfs", "thinfs-alt"),
          ("thinfs-snap", "thinfs-alt-snap"),
-         ("raw-loop-ext4-alt", "thinfs-loop-ext4-alt")]
+         ("raw-loop-ext4-alt", "thinfs-loop-ext4-alt"),
+         ("raw-loop-ext4", "passthrough-loop-ext4"),
+         ("passthrough-loop-ext4", "thinfs-loop-ext4")]
 
 # Issue 5's reference: peers' IOPS ratio to raw "on a machine like ours".
 PEER_REFERENCE = {

@@ -26,7 +26,13 @@ RAW_LOOP_ALT, THINFS_LOOP_ALT = "raw-loop-ext4-alt", "thinfs-loop-ext4-alt"
 # Opt-in A/B of a FUSE server: passthrough_ll again, from the --alt-passthrough
 # binary (bench/passthrough_ll_splice.c: splice on), in its own directory.
 PT_ALT = "fuse-passthrough-alt"
-OPT_IN = [ALT, ALT_SNAP, RAW_LOOP_ALT, THINFS_LOOP_ALT, PT_ALT]
+# Opt-in ceiling of target 4: ext4 on a loop device over a file in a FUSE
+# passthrough (the --loop-passthrough binary, bench/passthrough_ll_buffered.c:
+# passthrough_ll serving from the host's page cache, as thinfs serves its
+# data file), so that thinfs-loop-ext4 is read against what FUSE alone costs
+# a loop device.
+PT_LOOP = "passthrough-loop-ext4"
+OPT_IN = [ALT, ALT_SNAP, RAW_LOOP_ALT, THINFS_LOOP_ALT, PT_ALT, PT_LOOP]
 # How raw-loop-ext4 and thinfs-loop-ext4 attach their loop devices
 # (--loop-options): with direct I/O, as README recommends over a volume
 # (docs/benchmarks.md, "Levers tried" 8). --alt-loop-options '' gives the
@@ -42,6 +48,7 @@ TOOLS = {
     "thinfs-loop-ext4": ["mkfs.ext4"],
     RAW_LOOP_ALT: ["mkfs.ext4"],
     THINFS_LOOP_ALT: ["mkfs.ext4"],
+    PT_LOOP: ["mkfs.ext4"],
 }
 
 
@@ -134,6 +141,8 @@ class Stack:
             self._setup_passthrough("fuse-passthrough", a.passthrough, "pt", size)
         if PT_ALT in want:
             self._setup_passthrough(PT_ALT, a.alt_passthrough, "pt-alt", size)
+        if PT_LOOP in want:
+            self._setup_passthrough_loop(a.loop_passthrough, loop_size)
         if "qcow2-qsd" in want:
             self._setup_qsd(size)
         if "qcow2-qsd-snap" in want:
@@ -167,6 +176,16 @@ class Stack:
         f = os.path.join(mnt, "fio.dat")
         self.targets[name] = Target(name, f, [f, os.path.join(src, "fio.dat")],
                                     semantics="overwrites")
+
+    def _setup_passthrough_loop(self, binary, loop_size):
+        src, mnt = self.path("pt-loop-src"), self.path("pt-loop-mnt")
+        os.makedirs(src)
+        os.makedirs(mnt)
+        make_file(os.path.join(src, "loopvol"), loop_size)
+        self.daemon(PT_LOOP, [binary, "-f", "-o", f"source={src}", mnt], mnt)
+        backing = os.path.join(mnt, "loopvol")
+        self._ext4_on_loop_target(PT_LOOP, backing, [backing, os.path.join(src, "loopvol")],
+                                  self.args.loop_options)
 
     def _qsd(self, name, image, export):
         make_file(export, 0)
