@@ -89,8 +89,8 @@ read_iops() {
 for r in $(seq "$rounds"); do
   for s in "${servers[@]}"; do
     IFS=: read -r name pid f <<<"$s"
-    # One warm-up read of every page: the measurement reads the page cache.
     taskset -a -p -c "$all" "$pid" >/dev/null
+    # One warm-up read of every page: the measurement reads the page cache.
     [[ $r -eq 1 ]] && fio --name=warm --filename="$f" --rw=read --bs=1M --size=512M --output=/dev/null
     echo "round $r $name free      $(read_iops "$f" "$all") IOPS"
     taskset -a -p -c 0 "$pid" >/dev/null

@@ -66,8 +66,7 @@ import fio_report  # noqa: E402
 import snapshot_time  # noqa: E402
 from benchlib import MiB, loadavg, log, parse_size, run, size_label  # noqa: E402
 from fio_targets import (ALT, ALT_SNAP, LOOP_OPTIONS, OPT_IN, PT_ALT, PT_LOOP,  # noqa: E402
-                         RAW_LOOP_ALT,  # noqa: E402
-                         TARGETS, THINFS_LOOP_ALT, TOOLS, Stack)  # noqa: E402
+                         RAW_LOOP_ALT, TARGETS, THINFS_LOOP_ALT, TOOLS, Stack)  # noqa: E402
 
 JOBS = [
     # name, rw, bs, numjobs, extra fio args, metric
