@@ -40,7 +40,6 @@
 // table has a value; it never judges a timing).
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -66,6 +65,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/folio_census.h"
 #include "core/pool.h"
 #include "meta/pool_dir.h"
 #include "meta/rocksdb_store.h"
@@ -395,14 +395,11 @@ void SnapshotBench(const Config& c, Results* res, std::vector<MetaRow>* meta_row
 // ---- page-cache folios behind a volume's blocks --------------------------
 
 // How the host's page cache holds the pages of the data file that device
-// `id`'s mapped blocks read from: the folios a read of each block touches.
-// A cached pread copies folio by folio, so a 64 KiB block held in one folio
-// is cheaper to read than the same block held in sixteen 4 KiB folios;
-// which one the kernel chose depends on how the pages entered the cache (a
-// 64 KiB write, a 4 KiB write, readahead), not on the block map. Read
-// through /proc/self/pagemap and /proc/kpageflags (root); pages not cached
-// are counted apart and not faulted in.
-struct FolioCensus {
+// `id`'s mapped blocks read from: the folios a read of each block touches
+// (core/folio_census.h). Which folios the kernel chose depends on how the
+// pages entered the cache (a 64 KiB write, a 4 KiB write, readahead), not
+// on the block map. Pages not cached are counted apart and not faulted in.
+struct BlockFolios {
   uint64_t blocks = 0;    // mapped blocks looked at
   uint64_t folios = 0;    // folios touched by a read of each, summed
   uint64_t uncached = 0;  // pages not in the page cache
@@ -410,71 +407,29 @@ struct FolioCensus {
 };
 
 // Nullopt (and why, on stderr) where the kernel does not tell.
-std::optional<FolioCensus> CountFolios(BenchPool& bp, VolumeId id, uint64_t vblocks) {
-  constexpr uint64_t kPage = 4096;
-  constexpr uint64_t kPfnMask = (uint64_t{1} << 55) - 1;
-  constexpr uint64_t kPresent = uint64_t{1} << 63;
-  constexpr uint64_t kTail = uint64_t{1} << 16;  // KPF_COMPOUND_TAIL
+std::optional<BlockFolios> CountFolios(BenchPool& bp, VolumeId id, uint64_t vblocks) {
   const uint64_t bs = bp.pool().geometry().block_size();
   const std::string data = bp.root() + "/data";
-  const int fd = ::open(data.c_str(), O_RDONLY);
-  const int pagemap = ::open("/proc/self/pagemap", O_RDONLY);
-  const int kflags = ::open("/proc/kpageflags", O_RDONLY);
-  const size_t file_bytes = fd < 0 ? 0 : static_cast<size_t>(std::filesystem::file_size(data));
-  void* m = fd < 0 ? MAP_FAILED : ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, fd, 0);
-  auto close_all = [&] {
-    if (m != MAP_FAILED) ::munmap(m, file_bytes);
-    for (int f : {kflags, pagemap, fd}) {
-      if (f >= 0) ::close(f);
-    }
-  };
-  auto fail = [&](const char* what) -> std::optional<FolioCensus> {
-    std::fprintf(stderr, "(b) folio census: %s: %s\n", what, std::strerror(errno));
-    close_all();
+  const int fd = ::open(data.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    std::fprintf(stderr, "(b) folio census: open %s: %s\n", data.c_str(), std::strerror(errno));
     return std::nullopt;
-  };
-  if (fd < 0 || pagemap < 0 || kflags < 0 || m == MAP_FAILED) {
-    return fail("open data, /proc/self/pagemap or /proc/kpageflags (root only)");
   }
-  const auto* base = static_cast<const unsigned char*>(m);
-  const uint64_t pages_per_block = bs / kPage;
-  std::vector<unsigned char> resident(pages_per_block);
-  std::vector<uint64_t> entries(pages_per_block);
-  FolioCensus c;
+  BlockFolios c;
   for (uint64_t vb = 0; vb < vblocks; ++vb) {
     std::optional<PoolBlock> pb = Must(bp.pool().MappedBlockForTesting(id, vb), "map");
     if (!pb) continue;
-    const unsigned char* blk = base + pb->value * bs;
-    if (::mincore(const_cast<unsigned char*>(blk), bs, resident.data()) != 0) {
-      return fail("mincore");
-    }
-    for (uint64_t i = 0; i < pages_per_block; ++i) {
-      // Map each cached page into this process, so that pagemap knows it.
-      if (resident[i] & 1) (void)*static_cast<const volatile unsigned char*>(blk + i * kPage);
-    }
-    const auto va = reinterpret_cast<uintptr_t>(blk);
-    const auto want = static_cast<ssize_t>(pages_per_block * 8);
-    if (::pread(pagemap, entries.data(), pages_per_block * 8, static_cast<off_t>(va / kPage * 8)) !=
-        want) {
-      return fail("read /proc/self/pagemap");
+    Result<FolioCensus> fc = CensusFolios(fd, pb->value * bs, bs);
+    if (!fc.ok()) {
+      std::fprintf(stderr, "(b) folio census: %s\n", fc.status().ToString().c_str());
+      ::close(fd);
+      return std::nullopt;
     }
     ++c.blocks;
-    for (uint64_t i = 0; i < pages_per_block; ++i) {
-      const uint64_t pfn = entries[i] & kPfnMask;
-      if (!(resident[i] & 1) || !(entries[i] & kPresent) || pfn == 0) {
-        ++c.uncached;
-        continue;
-      }
-      uint64_t flags = 0;
-      if (::pread(kflags, &flags, 8, static_cast<off_t>(pfn * 8)) != 8) {
-        return fail("read /proc/kpageflags");
-      }
-      // A folio starts here, or (first page) one from the block before
-      // reaches into this block: either way a read of the block copies it.
-      if (!(flags & kTail) || i == 0) ++c.folios;
-    }
+    c.folios += fc->folios;
+    c.uncached += fc->uncached;
   }
-  close_all();
+  ::close(fd);
   return c;
 }
 
@@ -540,9 +495,9 @@ void ReadsBench(const Config& c, Results* res, std::vector<MetaRow>* meta_rows) 
   };
   // Warm every origin (and the block map) before timing.
   for (const auto& n : names) seq_pass(*vols[n]);
-  // How the host caches each origin's data (see FolioCensus).
+  // How the host caches each origin's data (see CountFolios).
   for (const auto& n : names) {
-    if (std::optional<FolioCensus> fc = CountFolios(bp, vols[n]->id(), blocks)) {
+    if (std::optional<BlockFolios> fc = CountFolios(bp, vols[n]->id(), blocks)) {
       res->scalars["b." + n + ".folios_per_block"] = fc->per_block();
       res->scalars["b." + n + ".uncached_pages"] = static_cast<double>(fc->uncached);
     }
