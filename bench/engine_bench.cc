@@ -183,8 +183,7 @@ std::string JsonEscape(const std::string& s) {
 
 class BenchPool {
  public:
-  BenchPool(const std::string& root, uint64_t size, uint64_t block_size, bool force_generic,
-            bool regroup_copies)
+  BenchPool(const std::string& root, uint64_t size, uint64_t block_size, bool force_generic)
       : root_(root) {
     std::error_code ec;
     std::filesystem::remove_all(root_, ec);
@@ -192,9 +191,7 @@ class BenchPool {
     fo.size = size;
     fo.block_size = block_size;
     Must(meta::FormatPool(root_, fo), "format " + root_);
-    meta::OpenOptions oo;
-    oo.regroup_copies = regroup_copies;
-    files_ = Must(meta::OpenPoolFiles(root_, oo), "open " + root_);
+    files_ = Must(meta::OpenPoolFiles(root_, meta::OpenOptions{}), "open " + root_);
     PoolOptions po;
     po.commit_interval = std::chrono::milliseconds(0);
     po.background_gc = false;
@@ -324,7 +321,6 @@ struct Config {
   int read_snapshots = 100;
   uint64_t rand_reads = 30000;
   int seq_passes = 1;
-  bool regroup_copies = true;  // OpenOptions::regroup_copies (lever 29)
   // (d)
   uint64_t io_volume = 512 * kMiB;
   uint64_t io_ops = 40000;
@@ -362,8 +358,7 @@ void SnapshotBench(const Config& c, Results* res, std::vector<MetaRow>* meta_row
     std::vector<std::shared_ptr<Volume>> vols;
     for (uint64_t size : {c.snap_small, c.snap_large}) {
       pools.push_back(std::make_unique<BenchPool>(
-          c.dir + "/engine_bench_snap_" + std::to_string(size >> 20) + "m", size, bs, false,
-          c.regroup_copies));
+          c.dir + "/engine_bench_snap_" + std::to_string(size >> 20) + "m", size, bs, false));
       vols.push_back(pools.back()->Create("origin", size));
       Fill(*vols.back(), size, bs, random_order, 7);
       Must(pools.back()->pool().Commit(), "commit");
@@ -451,7 +446,7 @@ void ReadsBench(const Config& c, Results* res, std::vector<MetaRow>* meta_rows) 
   const uint64_t churn = std::max<uint64_t>(1, blocks / 100);
   // Six origins + the COW copies of the churned one, with slack.
   const uint64_t pool_size = 6 * o + 2 * churn * bs * c.read_snapshots + 64 * bs;
-  BenchPool bp(c.dir + "/engine_bench_reads", pool_size, bs, false, c.regroup_copies);
+  BenchPool bp(c.dir + "/engine_bench_reads", pool_size, bs, false);
   // static0/staticN: never rewritten; churn0/churnN: 1% of blocks rewritten
   // (4 KiB at the block start, same blocks in both) after every snapshot of
   // churnN, so churnN's blocks carry up to N+1 versions. control0 is an A/A
@@ -588,7 +583,7 @@ void ThroughputBench(const Config& c, Results* res) {
                  g.label.c_str());
     pools.push_back(
         std::make_unique<BenchPool>(c.dir + "/engine_bench_io_" + g.key, size, g.block_size,
-                                    g.force_generic, c.regroup_copies));
+                                    g.force_generic));
     vols.push_back(pools.back()->Create("v", c.io_volume));
     Fill(*vols.back(), c.io_volume, g.block_size, false, 3);
     Must(pools.back()->pool().Commit(), "commit");
@@ -910,19 +905,15 @@ int Main(int argc, char** argv) {
     } else if (a == "--rand-reads") {
       c.rand_reads = std::strtoull(next().c_str(), nullptr, 10);
       rand_reads_set = true;
-    } else if (a == "--no-regroup") {
-      c.regroup_copies = false;
     } else if (a == "--help" || a == "-h") {
       std::printf(
           "usage: engine_bench [--quick] [--rounds N] [--dir DIR] [--json FILE]\n"
           "                    [--markdown FILE] [--only abcd] [--seq-passes N]\n"
-          "                    [--rand-reads N] [--no-regroup]\n"
+          "                    [--rand-reads N]\n"
           "  --seq-passes N  (b): 1 MiB sequential passes over each origin per round\n"
           "                  (default 1)\n"
           "  --rand-reads N  (b): 4 KiB random reads of each origin per round\n"
-          "                  (default 30000, --quick 2000)\n"
-          "  --no-regroup    (b): copy-on-write copies write only their missing\n"
-          "                  pieces (mount -o regroup_copies=off; lever 29)\n");
+          "                  (default 30000, --quick 2000)\n");
       return 0;
     } else {
       std::fprintf(stderr, "engine_bench: unknown argument '%s'\n", a.c_str());

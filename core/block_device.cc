@@ -3,11 +3,9 @@
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <linux/fs.h>
-#include <linux/magic.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
-#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -86,14 +84,6 @@ Result<std::unique_ptr<FileBlockDevice>> FileBlockDevice::Open(const std::string
     const size_t slash = path.rfind('/');
     const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
     dev->clone_.store(DirectoryClones(dir, dev->clone_align_));
-  }
-  // Measured on ext4 only (lever 29): there a punched range's cached pages
-  // are dropped, dirty or not, without being written. XFS and others write
-  // them back first, which would make every rewrite wait for the disk.
-  struct statfs fs;
-  if (!is_blockdev && !read_only && !direct && ::fstatfs(fd, &fs) == 0 &&
-      fs.f_type == EXT4_SUPER_MAGIC) {
-    dev->regroup_.store(true);
   }
   return dev;
 }
@@ -290,25 +280,6 @@ Status FileBlockDevice::Copy(PoolBlock from, PoolBlock to, uint64_t offset, uint
   const uint64_t tail = head + middle;
   if (tail < len) THINFS_RETURN_IF_ERROR(BlockDevice::Copy(from, to, offset + tail, len - tail));
   return Status::Ok();
-}
-
-Status BlockDevice::Rewrite(PoolBlock block, std::span<const std::byte> buf) {
-  return Write(block, 0, buf);
-}
-
-Status FileBlockDevice::Rewrite(PoolBlock block, std::span<const std::byte> buf) {
-  if (RegroupsRewrites()) {
-    const uint64_t start = geometry_.BytesOf(block.value);
-    if (::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(start),
-                    static_cast<off_t>(buf.size())) != 0) {
-      if (errno != EOPNOTSUPP && errno != EINVAL && errno != ENOSYS) {
-        return Status::FromErrno(errno, "punch data for a rewrite");
-      }
-      // Not this file system after all: plain writes from now on.
-      regroup_.store(false, std::memory_order_relaxed);
-    }
-  }
-  return Write(block, 0, buf);
 }
 
 Status FileBlockDevice::Discard(PoolBlock block, uint64_t count) {

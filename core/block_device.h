@@ -102,23 +102,6 @@ class BlockDevice {
   // prefetching a copy's source is wasted I/O. The default is false.
   virtual bool SharesCopies() const { return false; }
 
-  // Writes the whole of `block` from `buf` as one piece, replacing what the
-  // host caches of it. A block filled by several writes (a copy-on-write's
-  // own 4 KiB, then the rest copied in at the commit) stays cached as the
-  // pieces those writes made: a buffered file's page cache keeps each as
-  // its own folios, and every later cached read of the block copies them
-  // one by one. A rewrite drops them first, so that the block is cached as
-  // one folio (lever 29 in docs/benchmarks.md). Durable after Sync() like
-  // a write. On error the block's bytes are undefined: the caller keeps
-  // `buf`. The default is Write(block, 0, buf).
-  // REQUIRES: buf.size() == block_size.
-  virtual Status Rewrite(PoolBlock block, std::span<const std::byte> buf);
-
-  // Whether Rewrite() regroups the host's cache of a block, so that a
-  // copy is better made whole than by writing only its missing pieces.
-  // The default is false.
-  virtual bool RegroupsRewrites() const { return false; }
-
   // The geometry at open; Grow() extends the addressable blocks beyond
   // geometry().data_blocks() without changing it.
   virtual const Geometry& geometry() const = 0;
@@ -154,27 +137,11 @@ class FileBlockDevice final : public BlockDevice {
   // within a scratch O_TMPFILE next to it), pread/pwrite for the rest.
   Status Copy(PoolBlock from, PoolBlock to, uint64_t offset, uint64_t len) override;
   bool SharesCopies() const override { return clone_.load(std::memory_order_relaxed); }
-  // Punches the block's range (fallocate PUNCH_HOLE, which drops its
-  // cached pages without writing them back), then writes it whole: the
-  // page cache then holds the block in one folio, and delayed allocation
-  // gives it one extent. Only on ext4, buffered: XFS writes the dirty pages
-  // back before punching. (ZERO_RANGE instead split each block into three
-  // extents: lever 29.)
-  Status Rewrite(PoolBlock block, std::span<const std::byte> buf) override;
-  // Not on a file the user gave (set_fixed_size): punching would give back
-  // host space they allocated for the pool.
-  bool RegroupsRewrites() const override {
-    return !fixed_size_ && regroup_.load(std::memory_order_relaxed);
-  }
   const Geometry& geometry() const override { return geometry_; }
 
   // Copy() reads and writes even where the file system could reflink.
   // Call before sharing the object.
   void DisableClones() { clone_.store(false); }
-
-  // Rewrite() is a plain Write() and RegroupsRewrites() false. Call before
-  // sharing the object.
-  void DisableRegroup() { regroup_.store(false); }
 
   // A regular file that Grow() must not extend (one the user gave with
   // `format --data`: it is theirs to size). Call before sharing the object.
@@ -194,8 +161,6 @@ class FileBlockDevice final : public BlockDevice {
   bool fixed_size_ = false;  // set before use, read-only after
   // Copy() may reflink. Cleared if the file system refuses one after all.
   std::atomic<bool> clone_{false};
-  // Rewrite() punches the range first. Cleared if the file system refuses.
-  std::atomic<bool> regroup_{false};
   uint64_t clone_align_ = 4096;  // the file system's block size
 };
 

@@ -25,9 +25,6 @@ struct DeferredCopies::Owed {
   Mutex mu;
   uint64_t written GUARDED_BY(mu) = 0;  // bit k: sector k holds its data
   bool done GUARDED_BY(mu) = false;     // nothing owed: read `block` as is
-  // Non-empty after a failed Rewrite(): the block's bytes, which the device
-  // may no longer hold. Reads and writes use it until a rewrite succeeds.
-  std::vector<std::byte> image GUARDED_BY(mu);
 };
 
 DeferredCopies::DeferredCopies(BlockDevice* data, uint64_t block_size, size_t capacity)
@@ -86,23 +83,6 @@ Status DeferredCopies::WriteLocked(Owed& o, uint64_t offset, std::span<const std
   return Status::Ok();
 }
 
-template <typename F>
-Status DeferredCopies::ForEachOwedRun(const Owed& o, F&& f) const {
-  o.mu.AssertHeld();
-  uint64_t k = 0;
-  while (k < sectors_) {
-    if (o.written & Bit(k)) {
-      ++k;
-      continue;
-    }
-    uint64_t j = k;
-    while (j < sectors_ && !(o.written & Bit(j))) ++j;
-    THINFS_RETURN_IF_ERROR(f(k * sector_, SectorEnd(j - 1)));
-    k = j;
-  }
-  return Status::Ok();
-}
-
 Status DeferredCopies::Start(PoolBlock block, PoolBlock source, uint64_t offset,
                              std::span<const std::byte> buf) {
   auto o = std::make_shared<Owed>(block, source);
@@ -126,10 +106,6 @@ Status DeferredCopies::Read(PoolBlock block, uint64_t offset, std::span<std::byt
   if (!o) return data_->Read(block, offset, buf);
   MutexLock l(&o->mu);
   if (o->done) return data_->Read(block, offset, buf);
-  if (!o->image.empty()) {
-    std::copy_n(o->image.begin() + static_cast<ptrdiff_t>(offset), buf.size(), buf.begin());
-    return Status::Ok();
-  }
   const uint64_t end = offset + buf.size();
   uint64_t pos = offset;
   while (pos < end) {
@@ -153,11 +129,6 @@ Status DeferredCopies::Write(PoolBlock block, uint64_t offset, std::span<const s
   {
     MutexLock l(&o->mu);
     if (o->done) return data_->Write(block, offset, buf);
-    if (!o->image.empty()) {
-      // Written with the rest of the image by the next CompleteAll.
-      std::copy(buf.begin(), buf.end(), o->image.begin() + static_cast<ptrdiff_t>(offset));
-      return Status::Ok();
-    }
     THINFS_RETURN_IF_ERROR(WriteLocked(*o, offset, buf));
     if (o->written != all_) return Status::Ok();
     o->done = true;
@@ -178,43 +149,30 @@ void DeferredCopies::Drop(PoolBlock block) {
 
 Status DeferredCopies::CompleteLocked(Owed& o, std::vector<std::byte>* scratch) {
   o.mu.AssertHeld();
-  if (!o.image.empty()) {
-    // An earlier rewrite failed: the device may hold anything of the block.
-    THINFS_RETURN_IF_ERROR(data_->Rewrite(o.block, o.image));
-    std::vector<std::byte>().swap(o.image);
-  } else if (data_->SharesCopies()) {
-    // Each run of owed sectors is one Copy(), which shares the data.
-    THINFS_RETURN_IF_ERROR(ForEachOwedRun(o, [&](uint64_t from, uint64_t to) {
-      return data_->Copy(o.source, o.block, from, to - from);
-    }));
-  } else {
-    // One read of the whole source block (sequential in source order,
-    // which is how CompleteAll goes).
+  // Where copies share data, each run of owed sectors is one Copy();
+  // otherwise one read of the whole source block (sequential in source
+  // order, which is how CompleteAll goes), then only the sectors still owed
+  // are written.
+  const bool share = data_->SharesCopies();
+  if (!share) {
     scratch->resize(block_size_);
     THINFS_RETURN_IF_ERROR(data_->Read(o.source, 0, *scratch));
-    std::span<std::byte> whole(*scratch);
-    if (data_->RegroupsRewrites()) {
-      // The block whole, its written sectors read back (cached: just
-      // written) over the source's, rewritten as one piece (lever 29).
-      for (uint64_t k = 0; k < sectors_; ++k) {
-        if (!(o.written & Bit(k))) continue;
-        uint64_t j = k;
-        while (j < sectors_ && (o.written & Bit(j))) ++j;
-        const uint64_t from = k * sector_;
-        const uint64_t to = SectorEnd(j - 1);
-        THINFS_RETURN_IF_ERROR(data_->Read(o.block, from, whole.subspan(from, to - from)));
-        k = j;
-      }
-      if (Status s = data_->Rewrite(o.block, whole); !s.ok()) {
-        o.image.assign(whole.begin(), whole.end());
-        return s;
-      }
-    } else {
-      // Only the sectors still owed are written.
-      THINFS_RETURN_IF_ERROR(ForEachOwedRun(o, [&](uint64_t from, uint64_t to) {
-        return data_->Write(o.block, from, whole.subspan(from, to - from));
-      }));
+  }
+  uint64_t k = 0;
+  while (k < sectors_) {
+    if (o.written & Bit(k)) {
+      ++k;
+      continue;
     }
+    uint64_t j = k;
+    while (j < sectors_ && !(o.written & Bit(j))) ++j;
+    const uint64_t from = k * sector_;
+    const uint64_t to = SectorEnd(j - 1);
+    THINFS_RETURN_IF_ERROR(
+        share ? data_->Copy(o.source, o.block, from, to - from)
+              : data_->Write(o.block, from,
+                             std::span<const std::byte>(*scratch).subspan(from, to - from)));
+    k = j;
   }
   o.written = all_;
   o.done = true;

@@ -118,13 +118,7 @@ class DeferredCopies {
   // parts of partly covered sectors still owed from the source.
   // REQUIRES: o.mu held, the copy not yet made.
   Status WriteLocked(Owed& o, uint64_t offset, std::span<const std::byte> buf);
-  // Calls f(from, to) for each run [from, to) of bytes of sectors still
-  // owed, stopping at the first error. REQUIRES: o.mu held.
-  template <typename F>
-  Status ForEachOwedRun(const Owed& o, F&& f) const;
-  // Copies every sector still owed: where the device regroups rewrites,
-  // as one rewrite of the whole block, whose bytes stay in memory (and
-  // readable) if it fails. REQUIRES: o.mu held.
+  // Copies every sector still owed. REQUIRES: o.mu held.
   Status CompleteLocked(Owed& o, std::vector<std::byte>* scratch);
 
   BlockDevice* const data_;

@@ -46,25 +46,6 @@ Status FaultInjectionBlockDevice::Write(PoolBlock block, uint64_t offset,
   return Status::Ok();
 }
 
-Status FaultInjectionBlockDevice::Rewrite(PoolBlock block, std::span<const std::byte> buf) {
-  THINFS_CHECK(block.value < data_blocks_.load(std::memory_order_acquire));
-  THINFS_CHECK(buf.size() == geometry_.block_size());
-  MutexLock l(&mu_);
-  PendingOp op;
-  op.block = block.value;
-  if (ShouldFail()) {
-    current_.Discard(block.value, 1);
-    op.discard = true;
-    op.count = 1;
-    unsynced_.push_back(std::move(op));
-    return Status::FromErrno(EIO, "injected rewrite fault");
-  }
-  current_.Write(block.value, 0, buf);
-  op.data.assign(buf.begin(), buf.end());
-  unsynced_.push_back(std::move(op));
-  return Status::Ok();
-}
-
 Status FaultInjectionBlockDevice::Sync() {
   MutexLock l(&mu_);
   if (ShouldFail()) return Status::FromErrno(EIO, "injected sync fault");

@@ -10,9 +10,8 @@
 // construction, so a failing run replays with the same seed.
 //
 // FailNthIo(n) makes the n-th subsequent Read/Write/Sync (counting from 1)
-// fail with kIOError/EIO without any effect (but a failed Rewrite, see
-// there); a failed Sync makes nothing durable (the writes stay unsynced).
-// Discard is not counted.
+// fail with kIOError/EIO without any effect; a failed Sync makes nothing
+// durable (the writes stay unsynced). Discard is not counted.
 //
 // Thread safety: all methods may be called concurrently.
 
@@ -51,11 +50,6 @@ class FaultInjectionBlockDevice final : public BlockDevice {
   Status Sync() override;
   // Unsynced like a write: the blocks read as zeros until a crash undoes it.
   Status Discard(PoolBlock block, uint64_t count) override;
-  // Counted like a write. A failure FailNthIo picks first discards the
-  // block (unsynced, like Discard), as a real rewrite may have punched it
-  // before its write failed: the block's old bytes are gone.
-  Status Rewrite(PoolBlock block, std::span<const std::byte> buf) override;
-  bool RegroupsRewrites() const override { return regroups_.load(std::memory_order_relaxed); }
   // Raises the addressable block count; never fails for a larger count.
   Status Grow(uint64_t new_data_blocks) override;
   const Geometry& geometry() const override { return geometry_; }
@@ -71,10 +65,6 @@ class FaultInjectionBlockDevice final : public BlockDevice {
 
   // Enables torn writes for the next DropUnsyncedWrites().
   void SetTornWriteOnCrash(bool torn);
-
-  // What RegroupsRewrites() answers (default false, like MemBlockDevice),
-  // so that tests can take the engine's rewrite path.
-  void SetRegroupsRewrites(bool on) { regroups_.store(on, std::memory_order_relaxed); }
 
   // Every subsequent Read first sleeps `delay` (a slow disk), holding no
   // lock; zero, the default, disables.
@@ -107,7 +97,6 @@ class FaultInjectionBlockDevice final : public BlockDevice {
   // Addressable blocks; atomic so that the range checks take no lock.
   std::atomic<uint64_t> data_blocks_;
   std::atomic<int64_t> read_delay_us_{0};
-  std::atomic<bool> regroups_{false};
 
   mutable Mutex mu_;
   SparseBlockImage durable_ GUARDED_BY(mu_);

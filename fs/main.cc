@@ -118,7 +118,6 @@ int OpenAndServe(const MountOptions& options, const std::string& pool_root,
   open_options.read_only = options.read_only;
   open_options.direct_io = options.direct_io;
   open_options.reflink = options.reflink;
-  open_options.regroup_copies = options.regroup_copies;
   open_options.block_cache_bytes = options.block_cache_bytes;
   // PoolFiles keeps the pool lock: it lives until the pool is closed.
   Result<meta::PoolFiles> files = meta::OpenPoolFiles(pool_root, open_options);

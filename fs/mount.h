@@ -48,9 +48,6 @@ struct MountOptions {
   // Copy-on-write copies as reflinks inside the data file where its file
   // system can (XFS, btrfs).
   bool reflink = true;
-  // Copy-on-write copies on ext4 made as one rewrite of the whole block,
-  // which the page cache then holds as one folio (lever 29).
-  bool regroup_copies = true;
   bool writeback_cache = false;
   // The kernel's page cache for volume files; off: every open is direct I/O
   // (FOPEN_DIRECT_IO, with parallel direct writes), as if opened O_DIRECT.
@@ -85,8 +82,6 @@ struct MountOptions {
 //   direct_io=on|off            O_DIRECT on the pool's data file (default off)
 //   reflink=on|off              COW copies reflinked in the data file where
 //                               its file system can (default on)
-//   regroup_copies=on|off       COW copies on ext4 rewrite the whole block so
-//                               that it is cached as one folio (default on)
 //   writeback_cache=on|off      kernel writeback cache (default off)
 //   page_cache=on|off           the kernel's page cache for volume files
 //                               (default on; off: every open is direct I/O;

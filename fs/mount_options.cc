@@ -149,9 +149,6 @@ Result<MountOptions> ParseMountOptions(const std::string& pool, const std::strin
     } else if (key == "reflink") {
       THINFS_RETURN_IF_ERROR(require_value());
       THINFS_ASSIGN_OR_RETURN(opts.reflink, ParseBool(key, value));
-    } else if (key == "regroup_copies") {
-      THINFS_RETURN_IF_ERROR(require_value());
-      THINFS_ASSIGN_OR_RETURN(opts.regroup_copies, ParseBool(key, value));
     } else if (key == "writeback_cache") {
       THINFS_RETURN_IF_ERROR(require_value());
       THINFS_ASSIGN_OR_RETURN(opts.writeback_cache, ParseBool(key, value));

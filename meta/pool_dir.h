@@ -110,10 +110,6 @@ struct OpenOptions {
   // Copy-on-write copies may be reflinks where the data file's file system
   // can (FileBlockDevice::Copy); false: always read and written.
   bool reflink = true;
-  // Copy-on-write copies on ext4 rewrite the whole block, so that the page
-  // cache holds it as one folio (FileBlockDevice::Rewrite); false: only
-  // the missing pieces are written.
-  bool regroup_copies = true;
   size_t block_cache_bytes = 64 << 20;
 };
 

@@ -89,8 +89,6 @@ int RunMount(const std::vector<std::string>& args) {
       "  direct_io=on|off       O_DIRECT on the pool's data file (default off)\n"
       "  reflink=on|off         copy-on-write copies as reflinks inside the data\n"
       "                         file where its file system can (default on)\n"
-      "  regroup_copies=on|off  copy-on-write copies on ext4 rewrite the whole\n"
-      "                         block, cached then as one folio (default on)\n"
       "  writeback_cache=on|off kernel writeback cache (default off)\n"
       "  page_cache=on|off      the kernel's page cache for volume files (default\n"
       "                         on; off: every open is direct I/O, parallel\n"

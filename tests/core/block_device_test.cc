@@ -5,9 +5,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <linux/magic.h>
 #include <sys/mman.h>
-#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,7 +23,6 @@
 #include <vector>
 
 #include "core/fault_injection_block_device.h"
-#include "core/folio_census.h"
 #include "core/mem_block_device.h"
 
 namespace thinfs {
@@ -565,63 +562,6 @@ TEST(FileBlockDeviceTest, PrefetchForReadReadsOneColdRunThroughTheCache) {
   const BlockDevice::Run hinted[] = {{PoolBlock(20), 2}};
   cold_read(hinted, 0, {});
   EXPECT_EQ(cache.WaitResident(20 * bs, 2 * bs), 2 * bs / page) << "a run without scratch was not hinted";
-  ::unlink(tmpl);
-  ::close(fd);
-}
-
-// A block filled piecewise, as a copy-on-write fills it (its own 4 KiB,
-// then the rest), is cached in pieces; a Rewrite() of it on ext4 is cached
-// as whole as a single write into a fresh range makes it (lever 29).
-TEST(FileBlockDeviceTest, RewriteRegroupsAPiecewiseFilledBlockOnExt4) {
-  char tmpl[] = "/var/tmp/thinfs_rewrite_XXXXXX";
-  int fd = ::mkstemp(tmpl);
-  ASSERT_GE(fd, 0);
-  struct statfs fs;
-  ASSERT_EQ(::fstatfs(fd, &fs), 0);
-  const bool ext4 = fs.f_type == EXT4_SUPER_MAGIC;
-  const uint64_t bs = 65536, sector = 4096;
-  auto dev = FileBlockDevice::Open(tmpl, Geometry(bs, 4), /*direct=*/false, /*read_only=*/false);
-  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
-  EXPECT_EQ((*dev)->RegroupsRewrites(), ext4) << "regrouping is for ext4 only";
-  auto census = [&](uint64_t block) {
-    Result<FolioCensus> c = CensusFolios(fd, block * bs, bs);
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
-    if (c.ok()) {
-      EXPECT_EQ(c->uncached, 0u) << "just written";
-    }
-    return c.ok() ? c->folios : 0;
-  };
-  const std::vector<std::byte> whole = Pattern(bs, 1);
-  auto piecewise = [&](uint64_t block) {
-    const std::span<const std::byte> w(whole);
-    ASSERT_TRUE((*dev)->Write(PoolBlock(block), 5 * sector, w.subspan(5 * sector, sector)).ok());
-    ASSERT_TRUE((*dev)->Write(PoolBlock(block), 0, w.subspan(0, 5 * sector)).ok());
-    ASSERT_TRUE((*dev)->Write(PoolBlock(block), 6 * sector, w.subspan(6 * sector)).ok());
-  };
-  Result<FolioCensus> probe = CensusFolios(fd, 0, 0);
-  if (!ext4 || ::access("/proc/kpageflags", R_OK) != 0 || !probe.ok()) {
-    ::unlink(tmpl);
-    ::close(fd);
-    GTEST_SKIP() << "needs ext4 under /var/tmp and root for /proc/kpageflags";
-  }
-  ASSERT_TRUE((*dev)->Write(PoolBlock(0), 0, whole).ok());
-  const uint64_t control = census(0);
-  piecewise(1);
-  const uint64_t pieces = census(1);
-  piecewise(2);
-  ASSERT_TRUE((*dev)->Rewrite(PoolBlock(2), whole).ok());
-  const uint64_t rewritten = census(2);
-  EXPECT_EQ(ReadBack(**dev, 2, 0, bs), whole);
-  EXPECT_EQ(ReadBack(**dev, 1, 0, bs), whole);
-  std::cout << "folios per 64 KiB block: whole write " << control << ", piecewise " << pieces
-            << ", piecewise then rewritten " << rewritten << "\n";
-  EXPECT_LE(rewritten, pieces);
-  if (control == 1) {
-    EXPECT_EQ(rewritten, 1u) << "a fresh whole write made one folio";
-  }
-  EXPECT_GE(control, 1u);
-  ASSERT_TRUE((*dev)->Sync().ok());
-  EXPECT_EQ(ReadBack(**dev, 2, 0, bs), whole);
   ::unlink(tmpl);
   ::close(fd);
 }

@@ -172,71 +172,13 @@ TEST(DeferredCopiesTest, AFailedCopyStaysOwed) {
   EXPECT_EQ(ReadRaw(data, PoolBlock(1)), want);
 }
 
-// Where the device regroups rewrites, the copy is the whole block written
-// once: the source's bytes with the written sectors read back over them.
-TEST(DeferredCopiesTest, ARewriteMakesTheSameBytesAsPiecewiseCopies) {
-  Geometry g(kBs, 8);
-  FaultInjectionBlockDevice data(g, /*seed=*/5);
-  data.SetRegroupsRewrites(true);
-  DeferredCopies copies(&data, kBs, 4);
-  auto src = Pattern(kBs, 1);
-  ASSERT_TRUE(data.Write(PoolBlock(0), 0, src).ok());
-  ASSERT_TRUE(data.Write(PoolBlock(1), 0, Pattern(kBs, 99)).ok());
-  std::vector<std::byte> want = src;
-  // Two runs of written sectors, one of them from an unaligned write.
-  auto a = Pattern(4096, 2);
-  ASSERT_TRUE(copies.Start(PoolBlock(1), PoolBlock(0), 3 * 4096, a).ok());
-  std::memcpy(want.data() + 3 * 4096, a.data(), a.size());
-  auto b = Pattern(6000, 3);
-  ASSERT_TRUE(copies.Write(PoolBlock(1), 9 * 4096 + 100, b).ok());
-  std::memcpy(want.data() + 9 * 4096 + 100, b.data(), b.size());
-  ASSERT_TRUE(copies.CompleteAll().ok());
-  EXPECT_FALSE(copies.Owes(PoolBlock(1)));
-  EXPECT_EQ(ReadRaw(data, PoolBlock(1)), want);
-  EXPECT_EQ(ReadRaw(data, PoolBlock(0)), src) << "the source is only read";
-}
-
-// A rewrite that fails may have zeroed the block on the device (the
-// fault-injecting device discards it): the block's bytes stay in memory,
-// reads come from there, in-place writes go there, and the next
-// CompleteAll writes them all.
-TEST(DeferredCopiesTest, AFailedRewriteKeepsTheBlockInMemory) {
-  Geometry g(kBs, 8);
-  FaultInjectionBlockDevice data(g, /*seed=*/6);
-  data.SetRegroupsRewrites(true);
-  DeferredCopies copies(&data, kBs, 4);
-  auto src = Pattern(kBs, 1);
-  ASSERT_TRUE(data.Write(PoolBlock(0), 0, src).ok());
-  std::vector<std::byte> want = src;
-  auto w = Pattern(8192, 2);
-  ASSERT_TRUE(copies.Start(PoolBlock(1), PoolBlock(0), 4096, w).ok());
-  std::memcpy(want.data() + 4096, w.data(), w.size());
-  // CompleteAll's I/O: the source read, the written run read back, then
-  // the rewrite, which fails.
-  data.FailNthIo(3);
-  EXPECT_FALSE(copies.CompleteAll().ok());
-  EXPECT_TRUE(copies.Owes(PoolBlock(1)));
-  EXPECT_EQ(ReadRaw(data, PoolBlock(1)), std::vector<std::byte>(kBs)) << "the device lost the block";
-  EXPECT_EQ(ReadVia(copies, PoolBlock(1), 0, kBs), want);
-  auto late = Pattern(4096, 4);
-  ASSERT_TRUE(copies.Write(PoolBlock(1), 12 * 4096, late).ok());
-  std::memcpy(want.data() + 12 * 4096, late.data(), late.size());
-  EXPECT_EQ(ReadRaw(data, PoolBlock(1)), std::vector<std::byte>(kBs)) << "held in memory";
-  EXPECT_EQ(ReadVia(copies, PoolBlock(1), 12 * 4096 - 10, 20),
-            std::vector<std::byte>(want.begin() + 12 * 4096 - 10, want.begin() + 12 * 4096 + 10));
-  ASSERT_TRUE(copies.CompleteAll().ok());
-  EXPECT_FALSE(copies.Owes(PoolBlock(1)));
-  EXPECT_EQ(ReadRaw(data, PoolBlock(1)), want);
-  EXPECT_EQ(ReadVia(copies, PoolBlock(1), 0, kBs), want);
-}
-
 // Writers (one per block, as the stripe lock guarantees), readers and
 // CompleteAll at once; every read must show the model's bytes for the
 // sectors whose writes completed before it started.
-constexpr int kRaceBlocks = 4;
-
-void RaceReadersWritersAndCompletion(BlockDevice& data) {
-  constexpr int kBlocks = kRaceBlocks;
+TEST(DeferredCopiesTest, ConcurrentReadersWritersAndCompletion) {
+  constexpr int kBlocks = 4;
+  Geometry g(kBs, 1 + kBlocks);
+  MemBlockDevice data(g);
   DeferredCopies copies(&data, kBs, 64);
   auto src = Pattern(kBs, 1);
   ASSERT_TRUE(data.Write(PoolBlock(0), 0, src).ok());
@@ -287,18 +229,6 @@ void RaceReadersWritersAndCompletion(BlockDevice& data) {
   for (int i = 0; i < kBlocks; ++i) {
     EXPECT_EQ(ReadRaw(data, PoolBlock(1 + i)), std::vector<std::byte>(kBs, std::byte(0xA0 + i)));
   }
-}
-
-TEST(DeferredCopiesTest, ConcurrentReadersWritersAndCompletion) {
-  MemBlockDevice data(Geometry(kBs, 1 + kRaceBlocks));
-  RaceReadersWritersAndCompletion(data);
-}
-
-// The same race with copies made as whole-block rewrites.
-TEST(DeferredCopiesTest, ConcurrentReadersWritersAndRewrites) {
-  FaultInjectionBlockDevice data(Geometry(kBs, 1 + kRaceBlocks), /*seed=*/8);
-  data.SetRegroupsRewrites(true);
-  RaceReadersWritersAndCompletion(data);
 }
 
 }  // namespace
