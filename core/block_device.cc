@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "core/page_cache.h"
+
 namespace thinfs {
 
 Status BlockDevice::WriteZeroes(PoolBlock block, uint64_t count) {
@@ -219,20 +221,28 @@ bool BlockDevice::PrefetchForRead(std::span<const Run>, uint64_t, std::span<std:
   return false;
 }
 
+bool FileBlockDevice::CachedAt(uint64_t offset) {
+  if (cachestat_.load(std::memory_order_relaxed)) {
+    Result<uint64_t> pages = CachedPages(fd_, offset, 1);
+    if (pages.ok()) return *pages != 0;
+    // Not on this kernel or for this descriptor: no later call would do
+    // better.
+    cachestat_.store(false, std::memory_order_relaxed);
+  }
+  char byte;
+  struct iovec iov {&byte, 1};
+  return ::preadv2(fd_, &iov, 1, static_cast<off_t>(offset), RWF_NOWAIT) == 1;
+}
+
 bool FileBlockDevice::PrefetchForRead(std::span<const Run> runs, uint64_t head,
                                       std::span<std::byte> scratch) {
   if (direct_ || runs.empty()) return false;
   // Cached already (the kernel read ahead of a sequential reader): leave
   // its readahead alone. A WILLNEED over pages it would read ahead anyway
   // loses their readahead mark, and the reader then waits for each window.
-  char byte;
-  struct iovec iov {&byte, 1};
   const Run& tail = runs.back();
   const uint64_t end = geometry_.BytesOf(tail.first.value + tail.count);
-  // On a miss the probe starts reading its page (RWF_NOWAIT is not "no
-  // I/O"); when that read completes before the kernel looks again, the end
-  // counts as cached and this read goes unhinted. Rare, and only a hint.
-  if (::preadv2(fd_, &iov, 1, static_cast<off_t>(end - 1), RWF_NOWAIT) == 1) return false;
+  if (CachedAt(end - 1)) return false;
   if (runs.size() > 1 || scratch.empty()) {
     for (const Run& r : runs) Prefetch(r.first, r.count);
     return true;

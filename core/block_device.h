@@ -128,8 +128,12 @@ class FileBlockDevice final : public BlockDevice {
   Status Grow(uint64_t new_data_blocks) override;
   // Starts reading into the page cache; nothing with O_DIRECT.
   void Prefetch(PoolBlock block, uint64_t count) override;
-  // Probes the last run's last byte with preadv2(RWF_NOWAIT) first: one
-  // system call for a read whose blocks are cached, however scattered.
+  // Probes the last run's last page first: one system call for a read
+  // whose blocks are cached, however scattered. The probe is cachestat(2),
+  // which reads nothing in, where the kernel has it (Linux 6.5) and lets
+  // the descriptor ask; elsewhere preadv2(RWF_NOWAIT) of the last byte,
+  // which on a miss starts reading that page and so may see a miss as a
+  // hit (the read then goes unhinted).
   bool PrefetchForRead(std::span<const Run> runs, uint64_t head,
                        std::span<std::byte> scratch) override;
   // A reflink (FICLONERANGE) of the 4 KiB-aligned part of the range where
@@ -154,6 +158,10 @@ class FileBlockDevice final : public BlockDevice {
   FileBlockDevice(int fd, const Geometry& g, bool direct, bool is_blockdev)
       : fd_(fd), geometry_(g), direct_(direct), is_blockdev_(is_blockdev) {}
 
+  // Whether the page holding byte `offset` of the file is in the page
+  // cache (PrefetchForRead's probe).
+  bool CachedAt(uint64_t offset);
+
   const int fd_;
   const Geometry geometry_;
   const bool direct_;
@@ -162,6 +170,8 @@ class FileBlockDevice final : public BlockDevice {
   // Copy() may reflink. Cleared if the file system refuses one after all.
   std::atomic<bool> clone_{false};
   uint64_t clone_align_ = 4096;  // the file system's block size
+  // CachedAt() may ask cachestat(2). Cleared once the kernel does not tell.
+  std::atomic<bool> cachestat_{true};
 };
 
 }  // namespace thinfs

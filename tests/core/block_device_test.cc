@@ -24,6 +24,7 @@
 
 #include "core/fault_injection_block_device.h"
 #include "core/mem_block_device.h"
+#include "core/page_cache.h"
 
 namespace thinfs {
 namespace {
@@ -442,15 +443,17 @@ TEST(FileBlockDeviceTest, PrefetchForReadHintsOnlyRunsNotCachedAtTheirEnd) {
     GTEST_FAIL() << "the page cache kept pages of " << tmpl << " after DONTNEED";
   }
   const BlockDevice::Run cold[] = {{PoolBlock(2), 2}, {PoolBlock(6), 1}};
-  // The probe (preadv2 RWF_NOWAIT) starts reading its own page on a miss;
-  // when that read completes before the probe looks, the end counts as
-  // cached and nothing is hinted. Rare, and only a hint lost: try again.
+  // The probe reads nothing in where the kernel has cachestat(2), so every
+  // probe after an eviction is a miss. Elsewhere it is preadv2(RWF_NOWAIT),
+  // which on a miss starts reading its page, and when that read completes
+  // before the probe looks the end counts as cached: try again there.
+  const int tries = CachedPages(fd, 0, 1).ok() ? 1 : 3;
   bool hinted = (*dev)->PrefetchForRead(cold, 0, {});
-  for (int attempt = 1; attempt < 3 && !hinted; ++attempt) {
+  for (int attempt = 1; attempt < tries && !hinted; ++attempt) {
     evict();
     hinted = (*dev)->PrefetchForRead(cold, 0, {});
   }
-  EXPECT_TRUE(hinted) << "the runs' end read as cached after DONTNEED, three times";
+  EXPECT_TRUE(hinted) << "the runs' end read as cached after DONTNEED, tries: " << tries;
   EXPECT_EQ(cache.WaitResident(2 * bs, 2 * bs), 2 * bs / page) << "cold runs are read in";
   EXPECT_EQ(cache.WaitResident(6 * bs, bs), bs / page) << "cold runs are read in";
 
@@ -502,16 +505,18 @@ TEST(FileBlockDeviceTest, PrefetchForReadReadsOneColdRunThroughTheCache) {
     ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
     ASSERT_EQ(cache.Resident(0, blocks * bs), 0u) << "the page cache kept pages after DONTNEED";
   };
-  // PrefetchForRead after an eviction, again while the probe's own read
-  // made the end look cached (see the test above).
+  // PrefetchForRead after an eviction; again, where the probe is preadv2,
+  // while the probe's own read made the end look cached (see the test
+  // above).
+  const int tries = CachedPages(fd, 0, 1).ok() ? 1 : 3;
   auto cold_read = [&](std::span<const BlockDevice::Run> runs, uint64_t head,
                        std::span<std::byte> buf) {
     bool cold = false;
-    for (int attempt = 0; attempt < 3 && !cold; ++attempt) {
+    for (int attempt = 0; attempt < tries && !cold; ++attempt) {
       evict();
       cold = (*dev)->PrefetchForRead(runs, head, buf);
     }
-    EXPECT_TRUE(cold) << "the run's end read as cached after DONTNEED, three times";
+    EXPECT_TRUE(cold) << "the run's end read as cached after DONTNEED, tries: " << tries;
   };
   // Pages resident past the first two blocks once readahead has settled.
   auto resident_beyond = [&] {

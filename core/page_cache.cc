@@ -1,0 +1,42 @@
+#include "core/page_cache.h"
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+// Debian 12's kernel headers (6.1) predate cachestat(2); its number is the
+// same on every architecture (the unified syscall table).
+#ifndef __NR_cachestat
+#define __NR_cachestat 451
+#endif
+
+namespace thinfs {
+namespace {
+
+// include/uapi/linux/mman.h, Linux 6.5.
+struct CachestatRange {
+  uint64_t off;
+  uint64_t len;
+};
+struct Cachestat {
+  uint64_t nr_cache;
+  uint64_t nr_dirty;
+  uint64_t nr_writeback;
+  uint64_t nr_evicted;
+  uint64_t nr_recently_evicted;
+};
+
+}  // namespace
+
+Result<uint64_t> CachedPages(int fd, uint64_t offset, uint64_t len) {
+  CachestatRange range{offset, len};
+  Cachestat stat{};
+  if (::syscall(__NR_cachestat, fd, &range, &stat, 0) != 0) {
+    if (errno == ENOSYS) return Status::NotSupported("cachestat(2) needs Linux 6.5");
+    return Status::FromErrno(errno, "cachestat");
+  }
+  return stat.nr_cache;
+}
+
+}  // namespace thinfs
