@@ -5,9 +5,9 @@
 
 #include <cerrno>
 
-// Debian 12's kernel headers (6.1) predate cachestat(2); its number is the
-// same on every architecture (the unified syscall table).
-#ifndef __NR_cachestat
+// Debian 12's kernel headers (6.1) predate cachestat(2). 451 is its number
+// on every architecture of the unified syscall table (alpha alone differs).
+#if !defined(__NR_cachestat) && !defined(__alpha__)
 #define __NR_cachestat 451
 #endif
 
@@ -30,6 +30,10 @@ struct Cachestat {
 }  // namespace
 
 Result<uint64_t> CachedPages(int fd, uint64_t offset, uint64_t len) {
+#ifndef __NR_cachestat
+  (void)fd, (void)offset, (void)len;
+  return Status::NotSupported("cachestat(2): no system call number for this architecture");
+#else
   CachestatRange range{offset, len};
   Cachestat stat{};
   if (::syscall(__NR_cachestat, fd, &range, &stat, 0) != 0) {
@@ -37,6 +41,7 @@ Result<uint64_t> CachedPages(int fd, uint64_t offset, uint64_t len) {
     return Status::FromErrno(errno, "cachestat");
   }
   return stat.nr_cache;
+#endif
 }
 
 }  // namespace thinfs
