@@ -14,43 +14,25 @@
 #include <string>
 #include <vector>
 
+#include "tests/util/cache_file_fixture.h"
+
 namespace thinfs {
 namespace {
 
 constexpr uint64_t kPage = 4096;
 constexpr uint64_t kBlock = 16 * kPage;
 
-class FolioCensusTest : public ::testing::Test {
+class FolioCensusTest : public CacheFileTest {
  protected:
   void SetUp() override {
     if (::geteuid() != 0) GTEST_SKIP() << "/proc/kpageflags is root's only";
-    fd_ = ::mkstemp(path_);
-    ASSERT_GE(fd_, 0) << path_;
-    ASSERT_EQ(::ftruncate(fd_, 4 * kBlock), 0);
-  }
-  void TearDown() override {
-    if (fd_ >= 0) {
-      ::close(fd_);
-      ::unlink(path_);
-    }
-  }
-  void WriteAt(uint64_t offset, uint64_t len) {
-    std::vector<std::byte> buf(len, std::byte{0x5a});
-    ASSERT_EQ(::pwrite(fd_, buf.data(), len, static_cast<off_t>(offset)),
-              static_cast<ssize_t>(len));
-  }
-  void Evict() {
-    ASSERT_EQ(::fdatasync(fd_), 0);
-    ASSERT_EQ(::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED), 0);
+    CreateFile(4 * kBlock);
   }
   FolioCensus Census(uint64_t offset, uint64_t len) {
     Result<FolioCensus> c = CensusFolios(fd_, offset, len);
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     return c.ok() ? *c : FolioCensus{};
   }
-
-  char path_[64] = "/var/tmp/thinfs_folio_census_XXXXXX";
-  int fd_ = -1;
 };
 
 TEST_F(FolioCensusTest, CountsWhatIsCachedAndWhatIsNot) {

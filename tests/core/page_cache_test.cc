@@ -16,6 +16,8 @@
 #include <cstdio>
 #include <vector>
 
+#include "tests/util/cache_file_fixture.h"
+
 namespace thinfs {
 namespace {
 
@@ -31,33 +33,17 @@ bool KernelHasCachestat() {
   return major > 6 || (major == 6 && minor >= 5);
 }
 
-class PageCacheTest : public ::testing::Test {
+class PageCacheTest : public CacheFileTest {
  protected:
   void SetUp() override {
-    fd_ = ::mkstemp(path_);
-    ASSERT_GE(fd_, 0) << path_;
-    ASSERT_EQ(::ftruncate(fd_, kPages * kPage), 0);
+    CreateFile(kPages * kPage);
+    if (HasFatalFailure()) return;
     Result<uint64_t> probe = CachedPages(fd_, 0, kPage);
     if (!probe.ok()) {
       ASSERT_EQ(probe.status().code(), Status::Code::kNotSupported) << probe.status().ToString();
       ASSERT_FALSE(KernelHasCachestat()) << "Linux 6.5 on has cachestat(2)";
       GTEST_SKIP() << "this kernel has no cachestat(2): PrefetchForRead probes with preadv2";
     }
-  }
-  void TearDown() override {
-    if (fd_ >= 0) {
-      ::close(fd_);
-      ::unlink(path_);
-    }
-  }
-  void WriteAt(uint64_t offset, uint64_t len) {
-    std::vector<std::byte> buf(len, std::byte{0x5a});
-    ASSERT_EQ(::pwrite(fd_, buf.data(), len, static_cast<off_t>(offset)),
-              static_cast<ssize_t>(len));
-  }
-  void Evict() {
-    ASSERT_EQ(::fdatasync(fd_), 0);
-    ASSERT_EQ(::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED), 0);
   }
   uint64_t Cached(uint64_t offset, uint64_t len) {
     Result<uint64_t> n = CachedPages(fd_, offset, len);
@@ -76,9 +62,6 @@ class PageCacheTest : public ::testing::Test {
     for (unsigned char c : vec) n += c & 1;
     return n;
   }
-
-  char path_[64] = "/var/tmp/thinfs_page_cache_XXXXXX";
-  int fd_ = -1;
 };
 
 TEST_F(PageCacheTest, CountsCachedPagesOfTheRange) {
