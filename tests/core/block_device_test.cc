@@ -25,6 +25,7 @@
 #include "core/fault_injection_block_device.h"
 #include "core/mem_block_device.h"
 #include "core/page_cache.h"
+#include "tests/util/cache_file_fixture.h"
 
 namespace thinfs {
 namespace {
@@ -381,41 +382,6 @@ TEST(FileBlockDeviceTest, CopyMatchesAModelBufferedAndDirect) {
     ::unlink(tmpl);
   }
 }
-
-// Which of a file's pages the page cache holds, by mincore(2) of a mapping.
-class Residency {
- public:
-  Residency(int fd, size_t bytes) : bytes_(bytes) {
-    addr_ = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
-    EXPECT_NE(addr_, MAP_FAILED) << std::strerror(errno);
-  }
-  ~Residency() {
-    if (addr_ != MAP_FAILED) ::munmap(addr_, bytes_);
-  }
-  Residency(const Residency&) = delete;
-  Residency& operator=(const Residency&) = delete;
-  // Resident pages among bytes [from, from + len), page-aligned.
-  size_t Resident(size_t from, size_t len) const {
-    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-    std::vector<unsigned char> vec(len / page);
-    if (::mincore(static_cast<char*>(addr_) + from, len, vec.data()) != 0) return SIZE_MAX;
-    return static_cast<size_t>(std::count_if(vec.begin(), vec.end(),
-                                             [](unsigned char c) { return (c & 1) != 0; }));
-  }
-  // The same once every page of the range is resident, or after 5 s:
-  // WILLNEED starts reads that complete soon after.
-  size_t WaitResident(size_t from, size_t len) const {
-    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-    for (int i = 0; i < 500 && Resident(from, len) != len / page; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return Resident(from, len);
-  }
-
- private:
-  size_t bytes_;
-  void* addr_ = MAP_FAILED;
-};
 
 // PrefetchForRead starts reading runs that are not in the page cache, and
 // leaves them alone when the last run's last byte is (the kernel's

@@ -7,14 +7,12 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/mman.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <vector>
 
 #include "tests/util/cache_file_fixture.h"
 
@@ -51,17 +49,7 @@ class PageCacheTest : public CacheFileTest {
     return n.ok() ? *n : UINT64_MAX;
   }
   // Pages of the file resident by mincore(2), a second opinion.
-  uint64_t Resident() {
-    void* m = ::mmap(nullptr, kPages * kPage, PROT_READ, MAP_SHARED, fd_, 0);
-    EXPECT_NE(m, MAP_FAILED);
-    if (m == MAP_FAILED) return UINT64_MAX;
-    std::vector<unsigned char> vec(kPages);
-    EXPECT_EQ(::mincore(m, kPages * kPage, vec.data()), 0);
-    ::munmap(m, kPages * kPage);
-    uint64_t n = 0;
-    for (unsigned char c : vec) n += c & 1;
-    return n;
-  }
+  uint64_t Resident() { return Residency(fd_, kPages * kPage).Resident(0, kPages * kPage); }
 };
 
 TEST_F(PageCacheTest, CountsCachedPagesOfTheRange) {
