@@ -1,6 +1,11 @@
 #include "core/deferred_copy.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstring>
+
+#include "core/check.h"
 
 namespace thinfs {
 
@@ -25,17 +30,25 @@ struct DeferredCopies::Owed {
   Mutex mu;
   uint64_t written GUARDED_BY(mu) = 0;  // bit k: sector k holds its data
   bool done GUARDED_BY(mu) = false;     // nothing owed: read `block` as is
+  // A held copy's block as it is meant to be, for the sectors in `written`
+  // (the others are unset); null: written sectors are in `block`.
+  std::byte* held GUARDED_BY(mu) = nullptr;  // one of the slabs' buffers
 };
 
-DeferredCopies::DeferredCopies(BlockDevice* data, uint64_t block_size, size_t capacity)
+DeferredCopies::DeferredCopies(BlockDevice* data, uint64_t block_size, size_t capacity,
+                               size_t held_capacity)
     : data_(data),
       block_size_(block_size),
       sector_(SectorSizeFor(block_size)),
       sectors_((block_size + sector_ - 1) / sector_),
       all_(sectors_ == 64 ? ~uint64_t{0} : Bit(sectors_) - 1),
-      capacity_(capacity) {}
+      capacity_(capacity),
+      held_capacity_(std::min(held_capacity, capacity)) {}
 
-DeferredCopies::~DeferredCopies() = default;
+DeferredCopies::~DeferredCopies() {
+  MutexLock l(&free_mu_);
+  for (const auto& [addr, len] : slabs_) ::munmap(addr, len);
+}
 
 uint64_t DeferredCopies::SectorEnd(uint64_t k) const {
   return std::min((k + 1) * sector_, block_size_);
@@ -66,8 +79,13 @@ Status DeferredCopies::WriteLocked(Owed& o, uint64_t offset, std::span<const std
   const uint64_t end = offset + buf.size();
   const uint64_t first = SectorOf(offset);
   const uint64_t last = SectorOf(end - 1);
-  // Copies [from, to) of the source into the block.
+  std::byte* const held = o.held;
+  // Copies [from, to) of the source into the block (into the buffer of a
+  // held copy).
   auto copy = [&](uint64_t from, uint64_t to) -> Status {
+    if (held != nullptr) {
+      return data_->Read(o.source, from, std::span<std::byte>(held + from, to - from));
+    }
     return data_->Copy(o.source, o.block, from, to - from);
   };
   for (uint64_t k : {first, last}) {
@@ -78,9 +96,53 @@ Status DeferredCopies::WriteLocked(Owed& o, uint64_t offset, std::span<const std
     if (k == last && end < e) THINFS_RETURN_IF_ERROR(copy(end, e));
     if (first == last) break;
   }
-  THINFS_RETURN_IF_ERROR(data_->Write(o.block, offset, buf));
+  if (held != nullptr) {
+    std::memcpy(held + offset, buf.data(), buf.size());
+  } else {
+    THINFS_RETURN_IF_ERROR(data_->Write(o.block, offset, buf));
+  }
   for (uint64_t k = first; k <= last; ++k) o.written |= Bit(k);
   return Status::Ok();
+}
+
+Status DeferredCopies::FlushHeldLocked(Owed& o) {
+  o.mu.AssertHeld();
+  THINFS_CHECK(o.written == all_);
+  THINFS_RETURN_IF_ERROR(
+      data_->Write(o.block, 0, std::span<const std::byte>(o.held, block_size_)));
+  ReleaseHeldLocked(o);
+  return Status::Ok();
+}
+
+void DeferredCopies::ReleaseHeldLocked(Owed& o) {
+  o.mu.AssertHeld();
+  if (o.held == nullptr) return;
+  {
+    MutexLock l(&free_mu_);
+    free_.push_back(o.held);
+  }
+  o.held = nullptr;
+  held_.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+std::byte* DeferredCopies::TakeBuffer() {
+  MutexLock l(&free_mu_);
+  if (free_.empty()) {
+    // A slab of up to kSlabBuffers buffers, its pages faulted in by the
+    // mmap itself (one system call, not a trap per page).
+    const size_t n = std::min(kSlabBuffers, held_capacity_ - slab_buffers_);
+    if (n == 0) return nullptr;
+    const size_t len = n * block_size_;
+    void* addr = ::mmap(nullptr, len, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (addr == MAP_FAILED) return nullptr;  // no memory: write through
+    slabs_.emplace_back(addr, len);
+    slab_buffers_ += n;
+    for (size_t i = n; i-- > 0;) free_.push_back(static_cast<std::byte*>(addr) + i * block_size_);
+  }
+  std::byte* b = free_.back();
+  free_.pop_back();
+  return b;
 }
 
 Status DeferredCopies::Start(PoolBlock block, PoolBlock source, uint64_t offset,
@@ -88,10 +150,24 @@ Status DeferredCopies::Start(PoolBlock block, PoolBlock source, uint64_t offset,
   auto o = std::make_shared<Owed>(block, source);
   {
     MutexLock l(&o->mu);
-    THINFS_RETURN_IF_ERROR(WriteLocked(*o, offset, buf));
-    if (o->written == all_) {
-      o->done = true;  // the write and its edges covered every sector
-      return Status::Ok();
+    // Reserve a buffer while fewer than held_capacity_ are out.
+    size_t n = held_.load(std::memory_order_acquire);
+    while (n < held_capacity_ && !data_->SharesCopies()) {
+      if (held_.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel)) {
+        o->held = TakeBuffer();
+        if (o->held == nullptr) held_.fetch_sub(1, std::memory_order_acq_rel);
+        break;
+      }
+    }
+    Status s = WriteLocked(*o, offset, buf);
+    if (s.ok() && o->written == all_) {
+      // The write and its edges covered every sector.
+      if (o->held != nullptr) s = FlushHeldLocked(*o);
+      o->done = true;
+    }
+    if (!s.ok() || o->done) {
+      ReleaseHeldLocked(*o);
+      return s;
     }
   }
   Shard& s = ShardOf(block);
@@ -116,8 +192,12 @@ Status DeferredCopies::Read(PoolBlock block, uint64_t offset, std::span<std::byt
       run_end = SectorEnd(SectorOf(run_end));
     }
     run_end = std::min(run_end, end);
-    THINFS_RETURN_IF_ERROR(data_->Read(written ? o->block : o->source, pos,
-                                       buf.subspan(pos - offset, run_end - pos)));
+    std::span<std::byte> out = buf.subspan(pos - offset, run_end - pos);
+    if (written && o->held != nullptr) {
+      std::memcpy(out.data(), o->held + pos, out.size());
+    } else {
+      THINFS_RETURN_IF_ERROR(data_->Read(written ? o->block : o->source, pos, out));
+    }
     pos = run_end;
   }
   return Status::Ok();
@@ -131,6 +211,11 @@ Status DeferredCopies::Write(PoolBlock block, uint64_t offset, std::span<const s
     if (o->done) return data_->Write(block, offset, buf);
     THINFS_RETURN_IF_ERROR(WriteLocked(*o, offset, buf));
     if (o->written != all_) return Status::Ok();
+    // In-place writes filled every sector: nothing is owed. A held copy
+    // writes its block now. If that fails, the write itself is in the
+    // buffer and reads show it: the block stays owed like any copy that
+    // failed, and the commit that makes it again reports the error.
+    if (o->held != nullptr && !FlushHeldLocked(*o).ok()) return Status::Ok();
     o->done = true;
   }
   Erase(*o);
@@ -143,6 +228,7 @@ void DeferredCopies::Drop(PoolBlock block) {
   {
     MutexLock l(&o->mu);
     o->done = true;
+    ReleaseHeldLocked(*o);
   }
   Erase(*o);
 }
@@ -151,28 +237,39 @@ Status DeferredCopies::CompleteLocked(Owed& o, std::vector<std::byte>* scratch) 
   o.mu.AssertHeld();
   // Where copies share data, each run of owed sectors is one Copy();
   // otherwise one read of the whole source block (sequential in source
-  // order, which is how CompleteAll goes), then only the sectors still owed
-  // are written.
+  // order, which is how CompleteAll goes) into `scratch`, then only the
+  // sectors still owed are written, or, for a held copy, its written
+  // sectors are laid over the source and the block is written whole.
+  // (Reading into the held buffer instead would touch all of its pages:
+  // a page fault each the first time, which costs more than the copy.)
   const bool share = data_->SharesCopies();
-  if (!share) {
+  std::byte* const held = o.held;
+  if (!share || held != nullptr) {
     scratch->resize(block_size_);
     THINFS_RETURN_IF_ERROR(data_->Read(o.source, 0, *scratch));
   }
   uint64_t k = 0;
   while (k < sectors_) {
-    if (o.written & Bit(k)) {
-      ++k;
-      continue;
-    }
+    const bool written = o.written & Bit(k);
     uint64_t j = k;
-    while (j < sectors_ && !(o.written & Bit(j))) ++j;
+    while (j < sectors_ && static_cast<bool>(o.written & Bit(j)) == written) ++j;
     const uint64_t from = k * sector_;
     const uint64_t to = SectorEnd(j - 1);
-    THINFS_RETURN_IF_ERROR(
-        share ? data_->Copy(o.source, o.block, from, to - from)
-              : data_->Write(o.block, from,
-                             std::span<const std::byte>(*scratch).subspan(from, to - from)));
+    if (held != nullptr) {
+      if (written) std::memcpy(scratch->data() + from, held + from, to - from);
+    } else if (!written) {
+      THINFS_RETURN_IF_ERROR(
+          share ? data_->Copy(o.source, o.block, from, to - from)
+                : data_->Write(o.block, from,
+                               std::span<const std::byte>(*scratch).subspan(from, to - from)));
+    }
     k = j;
+  }
+  if (held != nullptr) {
+    // Nothing of a held copy is in its block before this write, so a
+    // failed one leaves it owed and readable as it was.
+    THINFS_RETURN_IF_ERROR(data_->Write(o.block, 0, *scratch));
+    ReleaseHeldLocked(o);
   }
   o.written = all_;
   o.done = true;

@@ -23,6 +23,17 @@
 // either all new data or all source. A write that covers part of a sector
 // still owed copies the rest of that sector from the source first.
 //
+// Held copies: while the table holds fewer than `held_capacity` of them, an
+// owed copy keeps its written sectors in a block-sized buffer in memory
+// instead of writing them into the new block, and the copy writes the whole
+// block in one piece (source sectors and held ones). A block written in one
+// aligned piece is cached by the host as one large folio; written in two
+// (the write's sectors, then the rest) ext4 caches it as up to five, and
+// every later cached read of it copies folio by folio (docs/benchmarks.md,
+// levers 20, 29 and 31). The write itself then costs a memcpy, not a
+// pwrite. Not where copies share data (a reflink's clone keeps the layout
+// of the source): those write through as before.
+//
 // Thread safety: all methods may be called concurrently. Each owed copy has
 // a mutex, held across its I/O; it is a leaf lock (nothing is locked while
 // it is held). Callers serialise writes to one block (the stripe lock), as
@@ -38,6 +49,7 @@
 #include <memory>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/block_device.h"
@@ -50,14 +62,18 @@ namespace thinfs {
 class DeferredCopies {
  public:
   // `capacity`: how many copies may be owed at once (0: none, every
-  // copy-on-write copies at once).
-  DeferredCopies(BlockDevice* data, uint64_t block_size, size_t capacity);
+  // copy-on-write copies at once). `held_capacity`: how many of them may
+  // hold their written sectors in memory (a block-sized buffer each) until
+  // the copy is made; 0: every owed copy writes through.
+  DeferredCopies(BlockDevice* data, uint64_t block_size, size_t capacity,
+                 size_t held_capacity = 0);
   ~DeferredCopies();
   DeferredCopies(const DeferredCopies&) = delete;
   DeferredCopies& operator=(const DeferredCopies&) = delete;
 
-  // Copies owed now.
+  // Copies owed now, and how many of them hold their sectors in memory.
   size_t size() const { return count_.load(std::memory_order_acquire); }
+  size_t held() const { return held_.load(std::memory_order_acquire); }
   size_t capacity() const { return capacity_; }
   // Whether Start() may be called (the table is not full).
   bool HasRoom() const { return size() < capacity_; }
@@ -66,7 +82,9 @@ class DeferredCopies {
 
   // Writes `buf` at `offset` into `block`, a block just allocated whose
   // other bytes are to be those of `source`, and records the copy as owed.
-  // Bytes of partly written sectors are copied from `source` now.
+  // Bytes of partly written sectors are copied from `source` now. A held
+  // copy (see above) keeps all of it in memory: nothing reaches `block`
+  // before the copy is made, or before in-place writes cover every sector.
   // REQUIRES: HasRoom(); `block` not yet visible to any reader; `source` is
   // not itself owing a copy (Owes(source) is false).
   Status Start(PoolBlock block, PoolBlock source, uint64_t offset,
@@ -86,7 +104,8 @@ class DeferredCopies {
   // `block` was freed: nothing is owed for it any more.
   void Drop(PoolBlock block);
 
-  // Makes every copy owed when it is called, in source order. Copies
+  // Makes every copy owed when it is called, in source order (a held copy
+  // in one whole-block write). Copies
   // started meanwhile may or may not be made. On error the copies not made
   // stay owed (and readable). The commit calls it, and the pool's
   // background copier between commits; calls may overlap, and each copy
@@ -120,6 +139,14 @@ class DeferredCopies {
   Status WriteLocked(Owed& o, uint64_t offset, std::span<const std::byte> buf);
   // Copies every sector still owed. REQUIRES: o.mu held.
   Status CompleteLocked(Owed& o, std::vector<std::byte>* scratch);
+  // A held copy whose sectors are all written: writes its buffer into the
+  // block and frees it. REQUIRES: o.mu held, o.written == all_.
+  Status FlushHeldLocked(Owed& o);
+  // Frees o's buffer, if it has one. REQUIRES: o.mu held.
+  void ReleaseHeldLocked(Owed& o);
+  // A free block-sized buffer, from a new slab if none is free; null when
+  // held_capacity_ buffers exist already or memory is short.
+  std::byte* TakeBuffer();
 
   BlockDevice* const data_;
   const uint64_t block_size_;
@@ -127,8 +154,23 @@ class DeferredCopies {
   const uint64_t sectors_;
   const uint64_t all_;  // mask with every sector set
   const size_t capacity_;
+  const size_t held_capacity_;
   mutable std::array<Shard, kShards> shards_;
   std::atomic<size_t> count_{0};
+  // Buffers allocated now; a Start() reserves one with a compare-exchange,
+  // so the bound holds with writers racing.
+  std::atomic<size_t> held_{0};
+  // The buffers of held copies come from slabs of kSlabBuffers, mapped
+  // with their pages faulted in and kept until destruction (at most
+  // held_capacity_ buffers in all): each page a copy touched first in
+  // fresh memory from the allocator would cost a page fault, on the test
+  // VM more than the write itself (docs/benchmarks.md, lever 31).
+  // Lock order: a leaf, taken with or without an Owed's mutex held.
+  static constexpr size_t kSlabBuffers = 16;
+  Mutex free_mu_;
+  std::vector<std::pair<void*, size_t>> slabs_ GUARDED_BY(free_mu_);  // address, bytes
+  size_t slab_buffers_ GUARDED_BY(free_mu_) = 0;
+  std::vector<std::byte*> free_ GUARDED_BY(free_mu_);
   std::atomic<uint64_t> completed_{0};
 };
 

@@ -82,6 +82,11 @@ constexpr uint64_t kReadAheadBytes = 4 << 20;
 // them (docs/benchmarks.md, lever 24): long enough for a batch in source
 // order, short against the 1 s commit interval.
 constexpr std::chrono::milliseconds kCopyAheadDelay{20};
+// Memory for owed copies that hold their written sectors until the copy
+// writes the block whole (core/deferred_copy.h; docs/benchmarks.md, lever
+// 31): 1024 buffers at 64 KiB blocks, none at blocks above 64 MiB. Beyond
+// it owed copies write through.
+constexpr uint64_t kHeldCopyBytes = uint64_t{64} << 20;
 // How long it waits after a copy failed before it tries again (the commit
 // that fails on it stops the pool's writes first, most likely).
 constexpr std::chrono::milliseconds kCopierRetryDelay{1000};
@@ -213,7 +218,8 @@ struct Pool::Impl {
                  o.force_generic_geometry_for_testing),
         map_cache(o.map_cache_bytes / MapCache<Resolved>::EntryBytes()),
         copies(data.get(), geometry.block_size(),
-               o.read_only ? 0 : o.deferred_copy_bytes / geometry.block_size()) {}
+               o.read_only ? 0 : o.deferred_copy_bytes / geometry.block_size(),
+               kHeldCopyBytes / geometry.block_size()) {}
 
   // ---- Constant after construction ----
   std::unique_ptr<BlockDevice> data;
