@@ -1,37 +1,46 @@
 #!/usr/bin/env bash
-# Cold 1 MiB sequential reads of a volume whose blocks copy-on-write left
+# 1 MiB sequential reads of a volume whose blocks copy-on-write left
 # scattered over the data area, against a snapshot of it that kept the
-# contiguous layout: the probe behind docs/benchmarks.md, lever 22.
+# contiguous layout: the probe behind docs/benchmarks.md, levers 22 and 31.
 #
-#   bench/scattered_read.sh [--rounds N] [--size SIZE] [--cow SIZE] [--dir DIR] THINFS...
+#   bench/scattered_read.sh [--rounds N] [--size SIZE] [--cow SIZE]
+#                           [--cow-bs BS] [--warm] [--dir DIR] THINFS...
 #
 # Per binary: formats a pool of three times --size, writes a volume `vol`
 # of --size (default 1G) in order (fsynced), snapshots it as `snap`, then
-# rewrites --cow (default 256M) of `vol` in whole 64 KiB blocks at random
+# rewrites --cow (default 256M) of `vol` in writes of --cow-bs (default
+# 64k: whole blocks; 4k: partial ones, whose copies are owed) at random
 # places, so those blocks move to new places in the data area. Then, N
-# rounds (default 3) with the binaries alternating, drops every cache and
-# reads `vol` and then `snap` with fio (rw=read, bs=1M, psync), and prints
-# MiB/s with the disk's read counters around each (/sys/class/block/DEV/
-# stat of the disk under the pool, '-' where there is none). Works in DIR
-# (default /var/tmp/scattered_read; must not exist; removed at the end).
-# Needs root (drop_caches, mount), fio and 3.5 times --size free per binary.
+# rounds (default 3) with the binaries alternating, reads `vol` and then
+# `snap` with fio (rw=read, bs=1M, psync), and prints MiB/s with the
+# disk's read counters around each (/sys/class/block/DEV/stat of the disk
+# under the pool, '-' where there is none), then each binary's median
+# (min-max) per file. Cold (default): every cache dropped before each read.
+# --warm: the data file stays in the host's page cache (one untimed read
+# first) and fio reads with O_DIRECT, so the kernel's FUSE page cache is
+# bypassed as a loop device with --direct-io=on does: the daemon's preads
+# from the cached data file are what is timed. Works in DIR (default
+# /var/tmp/scattered_read; must not exist; removed at the end). Needs root
+# (drop_caches, mount), fio and 3.5 times --size free per binary.
 set -euo pipefail
 # shellcheck source=bench/benchlib.sh
 source "$(dirname "$0")/benchlib.sh"
 
-rounds=3 size=1G cow=256M work=/var/tmp/scattered_read
+rounds=3 size=1G cow=256M cow_bs=64k warm=0 work=/var/tmp/scattered_read
 while [[ $# -gt 0 && $1 == --* ]]; do
   case $1 in
     --dir) work=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --size) size=$2; shift 2 ;;
     --cow) cow=$2; shift 2 ;;
-    -h | --help) header_usage 17; exit 0 ;;
+    --cow-bs) cow_bs=$2; shift 2 ;;
+    --warm) warm=1; shift ;;
+    -h | --help) header_usage 24; exit 0 ;;
     *) echo "scattered_read: unknown option $1" >&2; exit 2 ;;
   esac
 done
 if [[ $# -lt 1 ]]; then
-  header_usage 17
+  header_usage 24
   exit 2
 fi
 require_root_and_fio scattered_read
@@ -62,20 +71,34 @@ for i in "${!bins[@]}"; do
   fio --name=fill --filename="$d/mnt/vol" --rw=write --bs=1M --size="$bytes" --end_fsync=1 \
     --output=/dev/null
   "${bins[$i]}" snapshot "$d/pool" vol snap >/dev/null
-  fio --name=cow --filename="$d/mnt/vol" --rw=randwrite --bs=64k --size="$bytes" --io_size="$cow" \
+  fio --name=cow --filename="$d/mnt/vol" --rw=randwrite --bs="$cow_bs" --size="$bytes" --io_size="$cow" \
     --randrepeat=0 --end_fsync=1 --output=/dev/null
 done
 
 # Fields 1 and 3 of the stat file: read I/Os completed, sectors read.
+read_args=(--rw=read --bs=1M --size="$bytes" --ioengine=psync)
+if ((warm)); then
+  read_args+=(--direct=1 --invalidate=0)
+  for i in "${!bins[@]}"; do
+    for f in vol snap; do
+      fio --name=warm --filename="$work/$i/mnt/$f" "${read_args[@]}" --output=/dev/null
+    done
+  done
+else
+  read_args+=(--invalidate=1)
+fi
+: >"$work/samples"
 printf '%-5s %-3s %-5s %9s %10s %10s %12s\n' round bin file MiB/s "disk MiB" "disk I/Os" "mean I/O KiB"
 for ((r = 1; r <= rounds; r++)); do
   for i in "${!bins[@]}"; do
     for f in vol snap; do
-      sync
-      echo 3 >/proc/sys/vm/drop_caches
+      if ((!warm)); then
+        sync
+        echo 3 >/proc/sys/vm/drop_caches
+      fi
       read -r ios0 sec0 < <(counters)
-      fio --name=read --filename="$work/$i/mnt/$f" --rw=read --bs=1M --size="$bytes" --ioengine=psync \
-        --invalidate=1 --output-format=json --output="$work/out.json"
+      fio --name=read --filename="$work/$i/mnt/$f" "${read_args[@]}" \
+        --output-format=json --output="$work/out.json"
       read -r ios1 sec1 < <(counters)
       bw=$(python3 -c 'import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):]); print(round(j["jobs"][0]["read"]["bw_bytes"] / 2**20))' "$work/out.json")
       ios=$((ios1 - ios0)) sectors=$((sec1 - sec0))
@@ -85,6 +108,17 @@ for ((r = 1; r <= rounds; r++)); do
         disk=(- - -)
       fi
       printf '%-5s %-3s %-5s %9s %10s %10s %12s\n' "$r" "$i" "$f" "$bw" "${disk[@]}"
+      echo "$i $f $bw" >>"$work/samples"
     done
   done
 done
+echo "medians (min-max) over $rounds rounds, MiB/s:"
+python3 - "$work/samples" "${bins[@]}" <<'PY'
+import statistics, sys
+samples = {}
+for line in open(sys.argv[1]):
+    i, f, bw = line.split()
+    samples.setdefault((int(i), f), []).append(float(bw))
+for (i, f), v in sorted(samples.items()):
+    print(f"  bin {i} {f:<5} {statistics.median(v):9.0f} ({min(v):.0f}-{max(v):.0f})  {sys.argv[2 + i]}")
+PY
