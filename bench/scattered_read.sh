@@ -113,12 +113,13 @@ for ((r = 1; r <= rounds; r++)); do
   done
 done
 echo "medians (min-max) over $rounds rounds, MiB/s:"
-python3 - "$work/samples" "${bins[@]}" <<'PY'
-import statistics, sys
+PYTHONPATH="$(dirname "$0")" python3 -B - "$work/samples" "${bins[@]}" <<'PY'
+import sys
+from fio_report import med_cell
 samples = {}
 for line in open(sys.argv[1]):
     i, f, bw = line.split()
     samples.setdefault((int(i), f), []).append(float(bw))
 for (i, f), v in sorted(samples.items()):
-    print(f"  bin {i} {f:<5} {statistics.median(v):9.0f} ({min(v):.0f}-{max(v):.0f})  {sys.argv[2 + i]}")
+    print(f"  bin {i} {f:<5} {med_cell(v):>22}  {sys.argv[2 + i]}")
 PY

@@ -117,12 +117,9 @@ Status DeferredCopies::FlushHeldLocked(Owed& o) {
 void DeferredCopies::ReleaseHeldLocked(Owed& o) {
   o.mu.AssertHeld();
   if (o.held == nullptr) return;
-  {
-    MutexLock l(&free_mu_);
-    free_.push_back(o.held);
-  }
+  MutexLock l(&free_mu_);
+  free_.push_back(o.held);
   o.held = nullptr;
-  held_.fetch_sub(1, std::memory_order_acq_rel);
 }
 
 std::byte* DeferredCopies::TakeBuffer() {
@@ -145,20 +142,17 @@ std::byte* DeferredCopies::TakeBuffer() {
   return b;
 }
 
+size_t DeferredCopies::held() const {
+  MutexLock l(&free_mu_);
+  return slab_buffers_ - free_.size();
+}
+
 Status DeferredCopies::Start(PoolBlock block, PoolBlock source, uint64_t offset,
                              std::span<const std::byte> buf) {
   auto o = std::make_shared<Owed>(block, source);
   {
     MutexLock l(&o->mu);
-    // Reserve a buffer while fewer than held_capacity_ are out.
-    size_t n = held_.load(std::memory_order_acquire);
-    while (n < held_capacity_ && !data_->SharesCopies()) {
-      if (held_.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel)) {
-        o->held = TakeBuffer();
-        if (o->held == nullptr) held_.fetch_sub(1, std::memory_order_acq_rel);
-        break;
-      }
-    }
+    if (held_capacity_ > 0 && !data_->SharesCopies()) o->held = TakeBuffer();
     Status s = WriteLocked(*o, offset, buf);
     if (s.ok() && o->written == all_) {
       // The write and its edges covered every sector.
@@ -235,42 +229,53 @@ void DeferredCopies::Drop(PoolBlock block) {
 
 Status DeferredCopies::CompleteLocked(Owed& o, std::vector<std::byte>* scratch) {
   o.mu.AssertHeld();
+  if (o.held != nullptr) return CompleteHeldLocked(o, scratch);
   // Where copies share data, each run of owed sectors is one Copy();
   // otherwise one read of the whole source block (sequential in source
-  // order, which is how CompleteAll goes) into `scratch`, then only the
-  // sectors still owed are written, or, for a held copy, its written
-  // sectors are laid over the source and the block is written whole.
-  // (Reading into the held buffer instead would touch all of its pages:
-  // a page fault each the first time, which costs more than the copy.)
+  // order, which is how CompleteAll goes), then only the sectors still owed
+  // are written.
   const bool share = data_->SharesCopies();
-  std::byte* const held = o.held;
-  if (!share || held != nullptr) {
+  if (!share) {
     scratch->resize(block_size_);
     THINFS_RETURN_IF_ERROR(data_->Read(o.source, 0, *scratch));
   }
   uint64_t k = 0;
   while (k < sectors_) {
-    const bool written = o.written & Bit(k);
+    if (o.written & Bit(k)) {
+      ++k;
+      continue;
+    }
     uint64_t j = k;
-    while (j < sectors_ && static_cast<bool>(o.written & Bit(j)) == written) ++j;
+    while (j < sectors_ && !(o.written & Bit(j))) ++j;
     const uint64_t from = k * sector_;
     const uint64_t to = SectorEnd(j - 1);
-    if (held != nullptr) {
-      if (written) std::memcpy(scratch->data() + from, held + from, to - from);
-    } else if (!written) {
-      THINFS_RETURN_IF_ERROR(
-          share ? data_->Copy(o.source, o.block, from, to - from)
-                : data_->Write(o.block, from,
-                               std::span<const std::byte>(*scratch).subspan(from, to - from)));
-    }
+    THINFS_RETURN_IF_ERROR(
+        share ? data_->Copy(o.source, o.block, from, to - from)
+              : data_->Write(o.block, from,
+                             std::span<const std::byte>(*scratch).subspan(from, to - from)));
     k = j;
   }
-  if (held != nullptr) {
-    // Nothing of a held copy is in its block before this write, so a
-    // failed one leaves it owed and readable as it was.
-    THINFS_RETURN_IF_ERROR(data_->Write(o.block, 0, *scratch));
-    ReleaseHeldLocked(o);
+  o.written = all_;
+  o.done = true;
+  return Status::Ok();
+}
+
+Status DeferredCopies::CompleteHeldLocked(Owed& o, std::vector<std::byte>* scratch) {
+  o.mu.AssertHeld();
+  // The whole source into `scratch`, the held sectors over it, one write.
+  // (Reading the source into the held buffer instead would touch all of
+  // its pages: a page fault each the first time, which costs more than the
+  // copy.) Nothing of a held copy is in its block before this write, so a
+  // failed one leaves it owed and readable as it was.
+  scratch->resize(block_size_);
+  THINFS_RETURN_IF_ERROR(data_->Read(o.source, 0, *scratch));
+  for (uint64_t k = 0; k < sectors_; ++k) {
+    if (o.written & Bit(k)) {
+      std::memcpy(scratch->data() + k * sector_, o.held + k * sector_, SectorEnd(k) - k * sector_);
+    }
   }
+  THINFS_RETURN_IF_ERROR(data_->Write(o.block, 0, *scratch));
+  ReleaseHeldLocked(o);
   o.written = all_;
   o.done = true;
   return Status::Ok();

@@ -73,7 +73,7 @@ class DeferredCopies {
 
   // Copies owed now, and how many of them hold their sectors in memory.
   size_t size() const { return count_.load(std::memory_order_acquire); }
-  size_t held() const { return held_.load(std::memory_order_acquire); }
+  size_t held() const;
   size_t capacity() const { return capacity_; }
   // Whether Start() may be called (the table is not full).
   bool HasRoom() const { return size() < capacity_; }
@@ -139,13 +139,16 @@ class DeferredCopies {
   Status WriteLocked(Owed& o, uint64_t offset, std::span<const std::byte> buf);
   // Copies every sector still owed. REQUIRES: o.mu held.
   Status CompleteLocked(Owed& o, std::vector<std::byte>* scratch);
+  // The same for a held copy: the block in one write, then its buffer
+  // freed. REQUIRES: o.mu held, o.held set.
+  Status CompleteHeldLocked(Owed& o, std::vector<std::byte>* scratch);
   // A held copy whose sectors are all written: writes its buffer into the
   // block and frees it. REQUIRES: o.mu held, o.written == all_.
   Status FlushHeldLocked(Owed& o);
   // Frees o's buffer, if it has one. REQUIRES: o.mu held.
   void ReleaseHeldLocked(Owed& o);
   // A free block-sized buffer, from a new slab if none is free; null when
-  // held_capacity_ buffers exist already or memory is short.
+  // all held_capacity_ buffers are in use or memory is short.
   std::byte* TakeBuffer();
 
   BlockDevice* const data_;
@@ -157,9 +160,6 @@ class DeferredCopies {
   const size_t held_capacity_;
   mutable std::array<Shard, kShards> shards_;
   std::atomic<size_t> count_{0};
-  // Buffers allocated now; a Start() reserves one with a compare-exchange,
-  // so the bound holds with writers racing.
-  std::atomic<size_t> held_{0};
   // The buffers of held copies come from slabs of kSlabBuffers, mapped
   // with their pages faulted in and kept until destruction (at most
   // held_capacity_ buffers in all): each page a copy touched first in
@@ -167,7 +167,7 @@ class DeferredCopies {
   // VM more than the write itself (docs/benchmarks.md, lever 31).
   // Lock order: a leaf, taken with or without an Owed's mutex held.
   static constexpr size_t kSlabBuffers = 16;
-  Mutex free_mu_;
+  mutable Mutex free_mu_;
   std::vector<std::pair<void*, size_t>> slabs_ GUARDED_BY(free_mu_);  // address, bytes
   size_t slab_buffers_ GUARDED_BY(free_mu_) = 0;
   std::vector<std::byte*> free_ GUARDED_BY(free_mu_);

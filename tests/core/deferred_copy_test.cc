@@ -263,39 +263,15 @@ TEST_P(DeferredCopiesTest, ConcurrentReadersWritersAndCompletion) {
   }
 }
 
-// Records every Write that reaches the device.
-class RecordingBlockDevice final : public BlockDevice {
- public:
-  explicit RecordingBlockDevice(BlockDevice* t) : t_(t) {}
-  struct Io {
-    uint64_t block, offset, len;
-    bool operator==(const Io&) const = default;
-  };
-  Status Read(PoolBlock b, uint64_t o, std::span<std::byte> buf) override {
-    return t_->Read(b, o, buf);
-  }
-  Status Write(PoolBlock b, uint64_t o, std::span<const std::byte> buf) override {
-    writes.push_back(Io{b.value, o, buf.size()});
-    return t_->Write(b, o, buf);
-  }
-  Status Sync() override { return t_->Sync(); }
-  Status Discard(PoolBlock b, uint64_t n) override { return t_->Discard(b, n); }
-  const Geometry& geometry() const override { return t_->geometry(); }
-  std::vector<Io> writes;
-
- private:
-  BlockDevice* t_;
-};
-
 // The point of holding: the new block reaches the device in one write of
 // the whole block, whatever the writes into it were, and not before.
 TEST(DeferredCopiesHeldTest, TheBlockIsWrittenOnceAndWhole) {
   Geometry g(kBs, 8);
   MemBlockDevice mem(g);
-  RecordingBlockDevice data(&mem);
+  testing::ForwardingBlockDevice data(&mem);
   auto src = Pattern(kBs, 1);
   ASSERT_TRUE(data.Write(PoolBlock(0), 0, src).ok());
-  data.writes.clear();
+  data.record_writes = true;
   DeferredCopies copies(&data, kBs, 4, 4);
   std::vector<std::byte> want = src;
   auto w1 = Pattern(4096, 2);
@@ -307,7 +283,7 @@ TEST(DeferredCopiesHeldTest, TheBlockIsWrittenOnceAndWhole) {
   EXPECT_TRUE(data.writes.empty()) << "nothing written before the copy";
   EXPECT_EQ(ReadVia(copies, PoolBlock(1), 0, kBs), want);
   ASSERT_TRUE(copies.CompleteAll().ok());
-  EXPECT_EQ(data.writes, (std::vector<RecordingBlockDevice::Io>{{1, 0, kBs}}));
+  EXPECT_EQ(data.writes, (std::vector<testing::ForwardingBlockDevice::WriteIo>{{1, 0, kBs}}));
   EXPECT_EQ(ReadRaw(mem, PoolBlock(1)), want);
   EXPECT_EQ(copies.held(), 0u);
 
@@ -316,7 +292,7 @@ TEST(DeferredCopiesHeldTest, TheBlockIsWrittenOnceAndWhole) {
   ASSERT_TRUE(copies.Start(PoolBlock(2), PoolBlock(0), 0, Pattern(kBs / 2, 4)).ok());
   ASSERT_TRUE(copies.Write(PoolBlock(2), kBs / 2, Pattern(kBs / 2, 5)).ok());
   EXPECT_FALSE(copies.Owes(PoolBlock(2)));
-  EXPECT_EQ(data.writes, (std::vector<RecordingBlockDevice::Io>{{2, 0, kBs}}));
+  EXPECT_EQ(data.writes, (std::vector<testing::ForwardingBlockDevice::WriteIo>{{2, 0, kBs}}));
 }
 
 // Beyond held_capacity, owed copies write through; the count of buffers

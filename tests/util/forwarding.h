@@ -30,6 +30,10 @@ class ForwardingBlockDevice final : public BlockDevice {
       before_write = nullptr;
       hook();
     }
+    if (record_writes) {
+      std::lock_guard<std::mutex> l(writes_mu);
+      writes.push_back(WriteIo{b.value, o, buf.size()});
+    }
     return t_->Write(b, o, buf);
   }
   Status Sync() override { return t_->Sync(); }
@@ -83,6 +87,15 @@ class ForwardingBlockDevice final : public BlockDevice {
   // Claim that copies share data, like a reflinking file system: the
   // engine then never reads a copy's source itself.
   bool shares_copies = false;
+  // With record_writes set, every Write that reaches the target through
+  // this forwarder as (pool block, offset, length).
+  struct WriteIo {
+    uint64_t block, offset, len;
+    bool operator==(const WriteIo&) const = default;
+  };
+  bool record_writes = false;
+  std::mutex writes_mu;
+  std::vector<WriteIo> writes;
 
  private:
   BlockDevice* const t_;
