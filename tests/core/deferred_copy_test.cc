@@ -317,7 +317,6 @@ TEST(DeferredCopiesHeldTest, HeldCapacityBoundsTheBuffers) {
   std::memcpy(want.data(), w.data(), w.size());
   EXPECT_EQ(ReadRaw(f.data, PoolBlock(2)), want);
   EXPECT_EQ(ReadRaw(f.data, PoolBlock(3)), want);
-  EXPECT_EQ(DeferredCopies(&f.data, kBs, 2, 8).HasRoom(), true);
 }
 
 // Where a copy is a reflink, the written sectors go to the block at once
