@@ -15,8 +15,9 @@
 # `snap` with fio (rw=read, bs=1M, psync), and prints MiB/s with the
 # disk's read counters around each (/sys/class/block/DEV/stat of the disk
 # under the pool, '-' where there is none), then each binary's median
-# (min-max) per file. Cold (default): every cache dropped before each read.
-# --warm: the data file stays in the host's page cache (one untimed read
+# (min-max) per file and, for every binary after the first, Student's t
+# of its MiB/s against the first's (95%, as ministat computes it).
+# Cold (default): every cache dropped before each read. --warm: the data file stays in the host's page cache (one untimed read
 # first) and fio reads with O_DIRECT, so the kernel's FUSE page cache is
 # bypassed as a loop device with --direct-io=on does: the daemon's preads
 # from the cached data file are what is timed. Works in DIR (default
@@ -35,12 +36,12 @@ while [[ $# -gt 0 && $1 == --* ]]; do
     --cow) cow=$2; shift 2 ;;
     --cow-bs) cow_bs=$2; shift 2 ;;
     --warm) warm=1; shift ;;
-    -h | --help) header_usage 24; exit 0 ;;
+    -h | --help) header_usage 25; exit 0 ;;
     *) echo "scattered_read: unknown option $1" >&2; exit 2 ;;
   esac
 done
 if [[ $# -lt 1 ]]; then
-  header_usage 24
+  header_usage 25
   exit 2
 fi
 require_root_and_fio scattered_read
@@ -115,11 +116,22 @@ done
 echo "medians (min-max) over $rounds rounds, MiB/s:"
 PYTHONPATH="$(dirname "$0")" python3 -B - "$work/samples" "${bins[@]}" <<'PY'
 import sys
-from fio_report import med_cell
+from fio_report import med_cell, ministat
 samples = {}
 for line in open(sys.argv[1]):
     i, f, bw = line.split()
     samples.setdefault((int(i), f), []).append(float(bw))
 for (i, f), v in sorted(samples.items()):
     print(f"  bin {i} {f:<5} {med_cell(v):>22}  {sys.argv[2 + i]}")
+others = sorted({i for i, _ in samples if i > 0})
+if others:
+    print("Student's t at 95% against bin 0 (ministat's figures):")
+for i in others:
+    for f in ("vol", "snap"):
+        m = ministat(samples[(0, f)], samples[(i, f)])
+        if m is None:
+            print(f"  bin {i} {f:<5} n/a (needs 2 rounds)")
+            continue
+        verdict = "proven" if m["proven"] else "not proven"
+        print(f"  bin {i} {f:<5} {m['pct']:+.1f}% +- {m['pct_ci']:.1f}%, {verdict}")
 PY
