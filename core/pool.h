@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "core/block_device.h"
+#include "core/device_name.h"
 #include "core/metadata.h"
 #include "core/space_map.h"
 #include "core/status.h"
@@ -244,8 +245,9 @@ class Pool {
   Status Close();
 
   // --- Devices -------------------------------------------------------------
-  // Names: 1-128 characters of [A-Za-z0-9._+-], not starting with '.'.
-  static Status ValidateName(const std::string& name);
+  // Names: 1-128 characters of [A-Za-z0-9._+-], not starting with '.'
+  // (core/device_name.h).
+  static Status ValidateName(const std::string& name) { return ValidateDeviceName(name); }
 
   // Creates an empty thin device of `size` bytes. kExists, kInvalidArgument,
   // kNameTooLong, kReadOnly.

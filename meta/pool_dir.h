@@ -27,21 +27,10 @@
 #include "core/status.h"
 #include "core/types.h"
 #include "meta/bitmap_space_map.h"
+#include "meta/pool_paths.h"
 #include "meta/rocksdb_store.h"
 
 namespace thinfs::meta {
-
-struct PoolPaths {
-  std::string root;
-  std::string data;
-  std::string meta;
-  std::string bitmap;
-  std::string lock;
-  std::string control_socket;
-
-  // The paths of the pool at `root` (trailing slashes dropped; not resolved).
-  static PoolPaths For(const std::string& root);
-};
 
 // Returns true when `root` holds meta/ or bitmap (a pool, whole or not).
 bool LooksLikePool(const std::string& root);

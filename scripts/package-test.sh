@@ -28,7 +28,7 @@ installed_status=$(dpkg-query -W -f='${db:Status-Status}' thinfs 2>/dev/null || 
 if [[ $installed_status == installed ]]; then
   fail "a thinfs package is already installed; remove it first (this test purges it)"
 fi
-for f in /usr/bin/thinfs /usr/sbin/mount.thinfs; do
+for f in /usr/bin/thinfs /usr/libexec/thinfs/thinfs-engine /usr/sbin/mount.thinfs; do
   [[ ! -e $f ]] || fail "$f exists outside any package (cmake --install?); remove it first"
 done
 
@@ -77,21 +77,24 @@ printf 'size: %s bytes (%s KiB on disk as .deb), Installed-Size: %s KiB\n' \
 
 depends=$(dpkg-deb -f "$DEB" Depends)
 # fuse3 for fusermount3, named by hand; then the package of every shared
-# library the packaged binary needs (with THINFS_STATIC_DEPS, the default,
-# that is glibc's alone).
+# library the packaged engine binary needs (with THINFS_STATIC_DEPS, the
+# default, that is glibc's alone; the front, /usr/bin/thinfs, is then a
+# static PIE and needs none).
 for dep in fuse3 libc6; do
   [[ $depends == *"$dep"* ]] || fail "Depends lacks $dep: $depends"
 done
 x=$(mktemp -d /tmp/thinfs-deb.XXXXXX)
 dpkg-deb -x "$DEB" "$x"
-needed=$(objdump -p "$x/usr/bin/thinfs" | awk '$1 == "NEEDED" {print $2}')
+needed=$(objdump -p "$x/usr/libexec/thinfs/thinfs-engine" | awk '$1 == "NEEDED" {print $2}')
+front_needed=$(objdump -p "$x/usr/bin/thinfs" | awk '$1 == "NEEDED" {print $2}')
 rm -rf "$x"
-[[ -n $needed ]] || fail "objdump found no NEEDED entry in the packaged thinfs"
+[[ -n $needed ]] || fail "objdump found no NEEDED entry in the packaged thinfs-engine"
+[[ -z $front_needed ]] || fail "the packaged front /usr/bin/thinfs is not static: needs $front_needed"
 for lib in $needed; do
   # Each reader consumes its whole input: one that stops early (awk's exit,
   # head) makes the writer die of SIGPIPE, and pipefail turns that into 141.
   path=$(ldconfig -p | awk -v l="$lib" '$1 == l && /x86-64/ && !p {p = $NF} END {print p}')
-  [[ -n $path ]] || fail "$lib, needed by thinfs, is not installed here"
+  [[ -n $path ]] || fail "$lib, needed by thinfs-engine, is not installed here"
   pkg=$(dpkg -S "$(readlink -f "$path")" 2>/dev/null | awk -F: 'NR == 1 {print $1}') ||
     pkg=$(dpkg -S "$path" | awk -F: 'NR == 1 {print $1}')
   [[ -n $pkg && $depends == *"$pkg"* ]] ||
@@ -99,12 +102,13 @@ for lib in $needed; do
 done
 pass "Depends: $depends (covers every NEEDED library: $(echo $needed))"
 contents=$(dpkg-deb --contents "$DEB")
-for f in ./usr/bin/thinfs ./usr/sbin/mount.thinfs ./lib/systemd/system/thinfs@.service \
+for f in ./usr/bin/thinfs ./usr/libexec/thinfs/thinfs-engine ./usr/sbin/mount.thinfs \
+         ./lib/systemd/system/thinfs@.service \
          ./usr/share/man/man8/thinfs.8.gz ./usr/share/bash-completion/completions/thinfs \
          ./usr/share/doc/thinfs/README.md ./usr/share/doc/thinfs/packaging.md; do
   grep -q " $f\$" <<<"$contents" || fail "the package lacks $f"
 done
-pass "the package holds the binary, mount helper, unit, man page, completion, docs"
+pass "the package holds the two binaries, mount helper, unit, man page, completion, docs"
 stage=$(mktemp -d /tmp/thinfs-stage.XXXXXX)
 DESTDIR=$stage cmake --install "$PKG" --strip >/dev/null
 staged=$(cd "$stage" && find . -type f | sort)
@@ -207,6 +211,13 @@ snap_sum=$(sha256sum <"$MNT/snap")
 [[ $snap_sum != "$vol_sum" ]] || fail "the write to snap did not land"
 pass "copy-on-write: a write to snap leaves vol unchanged"
 
+# Device commands of a mounted pool: served by /usr/bin/thinfs itself.
+thinfs snapshot "$POOL" vol snap2 || fail "thinfs snapshot (mounted) exited $?"
+[[ $(sha256sum <"$MNT/snap2") == "$vol_sum" ]] || fail "snap2 differs from vol"
+thinfs delete "$POOL" snap2 || fail "thinfs delete (mounted) exited $?"
+[[ ! -e $MNT/snap2 ]] || fail "snap2 is still in the mount after delete"
+pass "thinfs snapshot and delete on the mounted pool"
+
 umount "$MNT"
 ! findmnt -rn -M "$MNT" >/dev/null || fail "$MNT still mounted after umount"
 wait_released "$POOL"
@@ -244,6 +255,10 @@ pass "umount $MNT"
 
 thinfs check "$POOL" || fail "thinfs check $POOL exited $?"
 pass "thinfs check: clean"
+# Unmounted: /usr/bin/thinfs runs /usr/libexec/thinfs/thinfs-engine.
+listed=$(thinfs list "$POOL") || fail "thinfs list (unmounted) exited $?"
+grep -q '^snap ' <<<"$listed" || fail "thinfs list (unmounted) lacks snap: $listed"
+pass "thinfs list of the unmounted pool (through thinfs-engine)"
 thinfs status "$POOL"
 
 say "man page"
@@ -325,7 +340,8 @@ cd /
 apt-get remove --purge -y -q thinfs
 installed=0
 hash -r
-for f in /usr/bin/thinfs /usr/sbin/mount.thinfs "$unit" /usr/share/man/man8/thinfs.8.gz \
+for f in /usr/bin/thinfs /usr/libexec/thinfs "$unit" /usr/sbin/mount.thinfs \
+         /usr/share/man/man8/thinfs.8.gz \
          /usr/share/bash-completion/completions/thinfs /usr/share/doc/thinfs; do
   [[ ! -e $f ]] || fail "$f is still there after purge"
 done

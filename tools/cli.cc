@@ -3,6 +3,7 @@
 #include <time.h>
 
 #include <cstdio>
+#include <exception>
 #include <iomanip>
 #include <iostream>
 
@@ -29,6 +30,7 @@ CommandLine& CommandLine::Positional(const char* name, const char* help) {
 }
 
 std::optional<int> CommandLine::Parse(const std::vector<std::string>& args) {
+  args_ = args;
   po::options_description hidden;
   hidden.add_options()(kPositionalKey, po::value<std::vector<std::string>>());
   po::options_description all;
@@ -95,6 +97,18 @@ std::string FormatTime(int64_t ns) {
   char buf[64];
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
   return buf;
+}
+
+int CatchToExitCode(const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const po::error& e) {
+    std::cerr << "thinfs: " << e.what() << std::endl;
+    return kExitUsage;
+  } catch (const std::exception& e) {
+    std::cerr << "thinfs: " << e.what() << std::endl;
+    return kExitFailure;
+  }
 }
 
 }  // namespace thinfs::tools

@@ -14,6 +14,7 @@
 #define THINFS_TOOLS_CLI_H_
 
 #include <boost/program_options.hpp>
+#include <functional>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -115,6 +116,8 @@ class CommandLine {
   std::optional<uint64_t> SizeOption(const char* option) const;
 
   const std::string& name() const { return name_; }
+  // The arguments Parse() was given (after the subcommand's name).
+  const std::vector<std::string>& args() const { return args_; }
 
  private:
   std::string name_;
@@ -124,11 +127,17 @@ class CommandLine {
   po::options_description options_;
   std::vector<std::pair<std::string, std::string>> positionals_;  // name, help
   std::vector<std::string> positional_values_;
+  std::vector<std::string> args_;
   po::variables_map vm_;
 };
 
 // "2024-05-01T12:00:00Z" for a CLOCK_REALTIME time in nanoseconds.
 std::string FormatTime(int64_t ns);
+
+// Runs a binary's main body: Boost.Program_options reports through
+// exceptions, and none may leave main(). An option error is reported as
+// "thinfs: ..." with kExitUsage, any other exception with kExitFailure.
+int CatchToExitCode(const std::function<int()>& body);
 
 }  // namespace thinfs::tools
 

@@ -1,10 +1,13 @@
 // Device commands: create, snapshot, delete, resize, rename, list; and grow
 // (of the pool), which travels the same way.
 //
-// Each builds an AdminRequest (core/admin.h). When a mount daemon answers
-// on POOL/control.sock the request goes there (the daemon owns the pool
-// while mounted and updates the mount at once); otherwise the command opens
-// the pool itself, runs the same RunAdmin() and closes it.
+// Each builds an AdminRequest (core/admin_wire.h). When a mount daemon
+// answers on POOL/control.sock the request goes there (the daemon owns the
+// pool while mounted and updates the mount at once); otherwise the command
+// opens the pool itself, runs the same RunAdmin() and closes it
+// (tools/device_here.h). This file is in both binaries of the CLI: the
+// front (tools/front.cc) serves these commands of a mounted pool without
+// the engine linked in.
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -12,17 +15,15 @@
 #include <cerrno>
 #include <cstring>
 #include <iostream>
-#include <memory>
 #include <string>
 #include <vector>
 
-#include "core/admin.h"
+#include "core/admin_wire.h"
+#include "core/device_name.h"
 #include "core/mountinfo.h"
-#include "core/pool.h"
-#include "meta/pool_dir.h"
 #include "tools/cli.h"
 #include "tools/control_client.h"
-#include "tools/pool_here.h"
+#include "tools/device_here.h"
 
 namespace thinfs::tools {
 
@@ -42,25 +43,8 @@ int PrintReply(const CommandLine& cl, const AdminReply& reply, bool json) {
   return kExitOk;
 }
 
-// Runs `request` on the pool opened here (no daemon serves it).
-AdminReply RunDirect(const std::string& pool_dir, const AdminRequest& request, bool read_only) {
-  Result<std::unique_ptr<OpenPool>> open = OpenPoolHere(pool_dir, read_only);
-  if (!open.ok()) return AdminReply::Error(kAdminFailure, open.status().message());
-  OpenPool& here = **open;
-  AdminContext ctx;
-  ctx.pool_root = here.files.paths.root;
-  ctx.data_path = meta::DataPathOf(here.files.paths);
-  ctx.create_attrs.uid = ::geteuid();
-  ctx.create_attrs.gid = ::getegid();
-  AdminReply reply = RunAdmin(*here.pool, request, ctx);
-  Status closed = here.Close();
-  if (!closed.ok() && reply.exit_code == kAdminOk) {
-    return AdminReply::Error(kAdminFailure, "closing pool " + pool_dir + ": " + closed.message());
-  }
-  return reply;
-}
-
-// Through the daemon if one serves the pool, else directly.
+// Through the daemon if one serves the pool, else without one
+// (tools/device_here.h: here, or in the engine binary).
 int Execute(const CommandLine& cl, const std::string& pool, AdminRequest request, bool json,
             bool read_only) {
   request.args.emplace_back("json", json ? "1" : "0");
@@ -69,14 +53,14 @@ int Execute(const CommandLine& cl, const std::string& pool, AdminRequest request
     if (!remote->ok()) return cl.Fail(kExitFailure, remote->status().message());
     return PrintReply(cl, **remote, json);
   }
-  return PrintReply(cl, RunDirect(pool, request, read_only), json);
+  return PrintReply(cl, RunWithoutDaemon(cl, pool, request, read_only), json);
 }
 
 // open + fsync + close of SOURCE in the mount: 0, or the errno of the
 // step that failed (ENOENT when there is no such file, or SOURCE is not a
 // valid name: nothing to flush).
 int FlushInMount(const std::string& mountpoint, const std::string& source) {
-  if (!Pool::ValidateName(source).ok()) return ENOENT;
+  if (!ValidateDeviceName(source).ok()) return ENOENT;
   const std::string file = mountpoint + "/" + source;
   int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return errno;

@@ -9,7 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "meta/pool_dir.h"
+#include "meta/pool_paths.h"
 
 namespace thinfs::tools {
 

@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "core/admin.h"
+#include "core/admin_wire.h"
 #include "core/status.h"
 
 namespace thinfs::tools {

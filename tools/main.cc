@@ -1,5 +1,8 @@
-// thinfs: the command-line tool. Dispatches to the subcommands in the
-// table below; see tools/cli.h for how to add one.
+// thinfs-engine: the command-line tool with the engine linked in, every
+// command. Users run it through the front binary, thinfs (tools/front.cc),
+// which serves some commands itself and runs this one for the rest.
+// Dispatches to the subcommands in the table below; see tools/cli.h for how
+// to add one.
 
 #include <cstdio>
 #include <exception>
@@ -100,14 +103,6 @@ int Main(const std::vector<std::string>& args) {
 }  // namespace thinfs::tools
 
 int main(int argc, char** argv) {
-  // Boost.Program_options reports through exceptions; none may escape.
-  try {
-    return thinfs::tools::Main(std::vector<std::string>(argv + 1, argv + argc));
-  } catch (const boost::program_options::error& e) {
-    std::cerr << "thinfs: " << e.what() << std::endl;
-    return thinfs::tools::kExitUsage;
-  } catch (const std::exception& e) {
-    std::cerr << "thinfs: " << e.what() << std::endl;
-    return thinfs::tools::kExitFailure;
-  }
+  return thinfs::tools::CatchToExitCode(
+      [&] { return thinfs::tools::Main(std::vector<std::string>(argv + 1, argv + argc)); });
 }
