@@ -3,7 +3,8 @@
 
 One command sets up, in a fresh temp directory under --dir (one host file
 system for all), every target (bench/fio_targets.py), runs the fio jobs
-below interleaved target by target, job by job, round by round, tears
+below interleaved target by target (in the listed order on even rounds,
+reversed on odd ones), job by job, round by round, tears
 everything down, then times snapshot creation vs origin size
 (bench/snapshot_time.py) in a second temp directory, removed right after.
 
@@ -176,7 +177,8 @@ def report(args, cmdline, results, fs_type, mach, jobs, targets, stack_targets, 
          "so every figure carries their noise (a FUSE request needs two extra "
          "wake-ups, which wait for a CPU when others keep both busy).",
          "- `free -h`:\n\n```\n" + mach["free_h"] + "\n```\n",
-         f"- {args.rounds} round(s), targets interleaved job by job; size "
+         f"- {args.rounds} round(s), targets interleaved job by job (listed order on even "
+         "rounds, reversed on odd ones); size "
          f"{size_label(args.size)}; random jobs {args.runtime:g} s time-based; cache "
          f"{args.cache}; thinfs block size {args.block_size}, mount options "
          f"`{args.mount_options or '(defaults)'}`"
@@ -393,8 +395,13 @@ def main():
             results = {t: {j[0]: [] for j in jobs} for t in targets}
             out_json = os.path.join(stack.work, "fio.json")
             for r in range(args.rounds):
+                # The listed order on even rounds, reversed on odd ones,
+                # so that no target always runs right after another
+                # (docs/benchmarks.md, "Order of targets": in a fixed
+                # order the second of two like targets read slower).
+                order = targets if r % 2 == 0 else targets[::-1]
                 for job in jobs:
-                    for t in targets:
+                    for t in order:
                         target = stack.targets[t]
                         writes = job[1] not in ("read", "randread")
                         if "--direct=1" in job[4] and not (
