@@ -199,6 +199,7 @@ class Server {
     handle->device_dirty = entry.dirty;
     handle->cache = entry.cache;
     live_files_.insert(handle.get());
+    counts_->open_files.fetch_add(1, std::memory_order_relaxed);
     return handle.release();
   }
 
@@ -254,6 +255,7 @@ class Server {
       live_files_.erase(handle);
     }
     delete handle;
+    counts_->open_files.fetch_sub(1, std::memory_order_relaxed);
     if (delete_now) {
       Status s = pool_->DeleteDetached(id);
       if (!s.ok()) {

@@ -36,6 +36,10 @@ struct RequestCounts {
   // Ranges of cached pages the daemon told the kernel to drop, because a
   // change bypassed them (a direct-I/O write, fallocate, copy_file_range).
   std::atomic<uint64_t> invalidations{0};
+  // Not a request count: the device files open now (opens and creates not
+  // yet released). close(2) returns before the kernel's RELEASE reaches the
+  // daemon, so a test that needs the daemon to have seen a close waits on it.
+  std::atomic<int64_t> open_files{0};
 };
 
 struct ServeConfig {

@@ -741,6 +741,13 @@ TEST_F(GatedServerTest, DirectWriteDropsPagesAReaderFilledWhileItRan) {
   }
   // ... and outlive the last cached open. A direct write now drops nothing
   // (no cached open reads the pages), so the next open must not keep them.
+  // The reader's RELEASE reaches the daemon after close(2) returned: wait
+  // until only the direct handle is open there.
+  auto released = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (counts_.open_files.load() != 1 && std::chrono::steady_clock::now() < released) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(counts_.open_files.load(), 1) << "the daemon never saw the reader's close";
   new_bytes = Pattern(3, 0, size);
   memcpy(buf.data(), new_bytes.data(), size);
   uint64_t invalidations = counts_.invalidations.load();
