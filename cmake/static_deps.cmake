@@ -1,5 +1,5 @@
 # THINFS_STATIC_DEPS: the thinfs-engine executable links every library but glibc
-# statically (libstdc++, libgcc, Boost.Program_options, libfuse3, xxHash,
+# statically (libstdc++, libgcc, Boost.Program_options, libfuse3, liburing, xxHash,
 # expat and RocksDB's compression libraries; RocksDB itself is always the
 # static librocksdb.a). Why: a `thinfs snapshot` on a mounted pool is mostly
 # process start-up, and the dynamic loader's work for libstdc++ and the ten
@@ -23,13 +23,14 @@ function(thinfs_static_archive var name)
   set(${var} ${${var}} PARENT_SCOPE)
 endfunction()
 
-foreach(lib fuse3 xxhash expat snappy z bz2 lz4 zstd)
+foreach(lib fuse3 uring xxhash expat snappy z bz2 lz4 zstd)
   thinfs_static_archive(THINFS_STATIC_${lib} ${lib})
 endforeach()
 
 set_target_properties(PkgConfig::FUSE3 PROPERTIES
   INTERFACE_LINK_LIBRARIES "${THINFS_STATIC_fuse3};Threads::Threads;${CMAKE_DL_LIBS};rt")
 set_target_properties(PkgConfig::XXHASH PROPERTIES INTERFACE_LINK_LIBRARIES "${THINFS_STATIC_xxhash}")
+set_target_properties(PkgConfig::URING PROPERTIES INTERFACE_LINK_LIBRARIES "${THINFS_STATIC_uring}")
 set_target_properties(PkgConfig::EXPAT PROPERTIES INTERFACE_LINK_LIBRARIES "${THINFS_STATIC_expat}")
 # RocksDB's exported dependencies name the shared objects (and gflags,
 # which the library itself does not use).

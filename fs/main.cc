@@ -181,6 +181,7 @@ int OpenAndServe(const MountOptions& options, const std::string& pool_root,
   config.writeback_cache = options.writeback_cache;
   config.page_cache = options.page_cache;
   config.max_threads = options.threads;
+  config.io_uring = options.io_uring;
   config.max_idle_threads = std::min(config.max_idle_threads, options.threads);
   config.root_uid = root_st.st_uid;
   config.root_gid = root_st.st_gid;
@@ -244,6 +245,13 @@ int RunMount(const MountOptions& options) {
   if (!mp.ok()) {
     fprintf(stderr, "thinfs: mount: %s\n", mp.message().c_str());
     return 1;
+  }
+  if (options.io_uring == UringMode::kOn) {
+    std::string why = UringUnavailableReason();
+    if (!why.empty()) {
+      fprintf(stderr, "thinfs: mount: io_uring=on, but %s\n", why.c_str());
+      return 1;
+    }
   }
   Result<std::string> mountpoint = RealPath(options.mountpoint, "mountpoint");
   Result<std::string> pool_root = RealPath(options.pool, "pool");

@@ -23,6 +23,7 @@
 #include "core/pool.h"
 #include "core/status.h"
 #include "core/types.h"
+#include "fs/uring.h"
 
 namespace thinfs::fs {
 
@@ -54,6 +55,9 @@ struct MountOptions {
   bool page_cache = true;
   // FUSE worker threads at most: how many requests are served at once.
   unsigned threads = 32;
+  // FUSE over io_uring (fs/uring.h): auto uses it when the kernel offers
+  // it; on also refuses to mount when the kernel's knob is off.
+  UringMode io_uring = UringMode::kAuto;
   std::string log_level = "info";
   // Low-water mark: an absolute size in bytes, or a percentage of the data
   // area at mount time (at most one is non-zero; both zero: off).
@@ -87,6 +91,8 @@ struct MountOptions {
 //                               (default on; off: every open is direct I/O;
 //                               not with writeback_cache=on)
 //   threads=N                   FUSE worker threads at most, 1-1024 (default 32)
+//   io_uring=auto|on|off        FUSE over io_uring where the kernel offers it
+//                               (default auto; on: fail to mount if it does not)
 //   log_level=error|warning|info|debug
 //   low_water=SIZE|N%           warn (log, status) when free space falls below
 //                               SIZE bytes or N% (1-99) of the data area

@@ -155,6 +155,18 @@ Result<MountOptions> ParseMountOptions(const std::string& pool, const std::strin
     } else if (key == "page_cache") {
       THINFS_RETURN_IF_ERROR(require_value());
       THINFS_ASSIGN_OR_RETURN(opts.page_cache, ParseBool(key, value));
+    } else if (key == "io_uring") {
+      THINFS_RETURN_IF_ERROR(require_value());
+      if (value == "auto") {
+        opts.io_uring = UringMode::kAuto;
+      } else if (value == "on") {
+        opts.io_uring = UringMode::kOn;
+      } else if (value == "off") {
+        opts.io_uring = UringMode::kOff;
+      } else {
+        return Status::InvalidArgument("option io_uring: expected auto, on or off, got '" +
+                                       value + "'");
+      }
     } else if (key == "threads") {
       THINFS_RETURN_IF_ERROR(require_value());
       uint64_t n = 0;

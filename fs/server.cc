@@ -119,6 +119,8 @@ class Server {
   Pool* pool() const { return pool_; }
   const ServeConfig& config() const { return config_; }
   RequestCounts& counts() { return *counts_; }
+  UringTransport* uring() const { return uring_; }
+  void set_uring(UringTransport* t) { uring_ = t; }
 
   void Ready() {
     if (on_ready_) on_ready_();
@@ -364,6 +366,8 @@ class Server {
   std::function<void()> on_ready_;  // called once, by the INIT worker
   RequestCounts own_counts_;
   RequestCounts* const counts_;
+  // Set while Serve() serves over io_uring too; the I/O hooks reach it.
+  UringTransport* uring_ = nullptr;
 
   // Lock order: resize_mu_ before mu_. Neither is held across a reply.
   // Serialises size changes so that concurrent grow-on-write and truncate
@@ -738,7 +742,9 @@ void OnRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* 
   Guarded(req, "read", [&] {
     ServerOf(req)->counts().read.fetch_add(1, std::memory_order_relaxed);
     FileHandle* handle = FileOf(fi);
-    std::byte* buf = ReadBuffer(size);
+    // Under io_uring, straight into the ring entry: the reply is not copied.
+    std::byte* buf = UringTransport::ReplyBuffer(size);
+    if (buf == nullptr) buf = ReadBuffer(size);
     Result<size_t> n = handle->volume->Read(static_cast<uint64_t>(off), std::span(buf, size));
     if (!n.ok()) {
       ReplyError(req, n.status(), "read");
@@ -1137,6 +1143,15 @@ std::string EscapeOption(const std::string& s) {
   return out;
 }
 
+// libfuse's custom I/O hooks get the session's userdata: the Server.
+ssize_t UringRead(int fd, void* buf, size_t len, void* userdata) {
+  return static_cast<Server*>(userdata)->uring()->Read(fd, buf, len);
+}
+
+ssize_t UringWritev(int fd, iovec* iov, int count, void* userdata) {
+  return static_cast<Server*>(userdata)->uring()->Writev(fd, iov, count);
+}
+
 }  // namespace
 
 Status Serve(Pool* pool, const ServeConfig& config, std::function<void()> on_ready) {
@@ -1168,6 +1183,28 @@ Status Serve(Pool* pool, const ServeConfig& config, std::function<void()> on_rea
     fuse_session_destroy(se);
     return Status::IOError("cannot mount on " + config.mountpoint + ": " + TakeLastFuseError());
   }
+  // Destroyed after the session (which closes the FUSE fd): its buffers
+  // outlive every ring.
+  std::unique_ptr<UringTransport> uring;
+  if (config.io_uring != UringMode::kOff) {
+    uring = std::make_unique<UringTransport>(config.max_threads, &server.counts().uring);
+    int fd = fuse_session_fd(se);
+    Status installed = uring->Install(se, fd);
+    fuse_custom_io io{};
+    io.read = UringRead;
+    io.writev = UringWritev;
+    if (installed.ok()) {
+      server.set_uring(uring.get());
+      int rc = fuse_session_custom_io(se, &io, fd);
+      if (rc != 0) installed = Status::FromErrno(-rc, "fuse_session_custom_io");
+    }
+    if (!installed.ok()) {
+      THINFS_LOG_WARNING("FUSE over io_uring not set up (%s); serving /dev/fuse only",
+                         installed.ToString().c_str());
+      server.set_uring(nullptr);
+      uring.reset();
+    }
+  }
   {
     MutexLock l(&g_session_mu);
     g_session = se;
@@ -1187,6 +1224,8 @@ Status Serve(Pool* pool, const ServeConfig& config, std::function<void()> on_rea
   fuse_loop_cfg_set_max_threads(loop, config.max_threads);
   int rc = fuse_session_loop_mt(se, loop);
   fuse_loop_cfg_destroy(loop);
+  // The ring threads finish what they serve; the unmount ends the rest.
+  if (uring) uring->Stop();
 
   {
     MutexLock l(&g_session_mu);
@@ -1199,12 +1238,13 @@ Status Serve(Pool* pool, const ServeConfig& config, std::function<void()> on_rea
   server.CloseLeftoverHandles();
   RequestCounts& n = server.counts();
   THINFS_LOG_INFO(
-      "served %llu reads, %llu writes, %llu getattrs, %llu xattr requests; dropped %llu "
-      "ranges of cached pages",
+      "served %llu reads, %llu writes, %llu getattrs, %llu xattr requests (%llu requests "
+      "through io_uring); dropped %llu ranges of cached pages",
       static_cast<unsigned long long>(n.read.load()),
       static_cast<unsigned long long>(n.write.load()),
       static_cast<unsigned long long>(n.getattr.load()),
       static_cast<unsigned long long>(n.xattr.load()),
+      static_cast<unsigned long long>(n.uring.load()),
       static_cast<unsigned long long>(n.invalidations.load()));
   if (rc < 0) return Status::FromErrno(-rc, "FUSE loop");
   if (rc > 0) THINFS_LOG_INFO("got signal %d, unmounted %s", rc, config.mountpoint.c_str());

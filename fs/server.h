@@ -23,6 +23,7 @@
 #include "core/pool.h"
 #include "core/status.h"
 #include "core/types.h"
+#include "fs/uring.h"
 
 namespace thinfs::fs {
 
@@ -40,6 +41,8 @@ struct RequestCounts {
   // yet released). close(2) returns before the kernel's RELEASE reaches the
   // daemon, so a test that needs the daemon to have seen a close waits on it.
   std::atomic<int64_t> open_files{0};
+  // Requests that came through FUSE over io_uring (fs/uring.h), of all kinds.
+  std::atomic<uint64_t> uring{0};
 };
 
 struct ServeConfig {
@@ -65,6 +68,10 @@ struct ServeConfig {
   // asynchronous requests queued. 32 serves a queue depth of 32; 64 was
   // slower on 4-job random read/write (docs/benchmarks.md, lever 8).
   unsigned max_threads = 32;
+  // FUSE over io_uring when the kernel offers it (fs/uring.h): each CPU's
+  // queue gets max_threads ring threads (at most 256 in all). The
+  // mount checks kOn; here it means the same as kAuto.
+  UringMode io_uring = UringMode::kAuto;
   // Where to count requests; nullptr: the server keeps its own counts.
   RequestCounts* counts = nullptr;
 };

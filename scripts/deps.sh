@@ -5,7 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   cmake g++ pkg-config
-  libfuse3-dev fuse3
+  libfuse3-dev fuse3 liburing-dev
   librocksdb-dev libxxhash-dev libboost-program-options-dev libexpat1-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   fio e2fsprogs util-linux thin-provisioning-tools

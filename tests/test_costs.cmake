@@ -13,3 +13,11 @@ set_tests_properties(RocksDbStoreTest.BytesPerMappedBlockScattered PROPERTIES CO
 set_tests_properties(ResolvedWalkTest.AgreesWithTheEngineOnRandomHistories PROPERTIES COST 27)
 set_tests_properties(ControlTest.FioVerifiesWhileSnapshotsComeAndGo PROPERTIES COST 18)
 set_tests_properties(MappingWalkTest.RandomOperationsMatchEngineReads PROPERTIES COST 17)
+
+# Tests that set the kernel's FUSE-over-io_uring knob run one at a time
+# (tests/CMakeLists.txt, e2e_*_over_io_uring).
+set_tests_properties(UringServerTest.EveryKindOfRequestRoundTripsThroughTheRings
+  UringServerTest.ConcurrentClientsOnEveryCpuGetTheirOwnReplies
+  UringServerTest.OffServesEverythingThroughDevFuse
+  FuseTest.IoUringOptionChoosesTheTransport
+  PROPERTIES RESOURCE_LOCK fuse_io_uring_knob)

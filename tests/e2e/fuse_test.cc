@@ -285,6 +285,43 @@ TEST_F(FuseTest, ThreadsOptionSetsTheWorkerLimit) {
   EXPECT_NE(Log().find("up to 32 worker threads"), std::string::npos) << Log();
 }
 
+// -o io_uring=auto|on|off (fs/uring.h): on refuses to mount while the
+// kernel's knob is off, serves requests through the rings when it is on;
+// off keeps every request on /dev/fuse even then.
+TEST_F(FuseTest, IoUringOptionChoosesTheTransport) {
+  FormatPool("64M");
+  for (const char* bad : {"io_uring=maybe", "io_uring"}) {
+    ExpectRefusedBeforeMounting(bad, "io_uring");
+  }
+  std::string why = SetFuseIoUring(false);
+  if (!why.empty()) {
+    if (InCi()) FAIL() << "FUSE over io_uring is required under CI: " << why;
+    GTEST_SKIP() << "FUSE over io_uring unavailable: " << why;
+  }
+  ExpectRefusedBeforeMounting("io_uring=on", "enable_uring");
+  ASSERT_EQ(SetFuseIoUring(true), "");
+
+  const std::string src = dir_ + "/src";
+  ASSERT_EQ(RunCommand("head -c 8M /dev/urandom > " + ShellQuote(src)).exit_code, 0);
+  auto copy_and_compare = [&] {
+    Truncate("v", "16M");
+    CommandResult r = RunCommand("dd if=" + ShellQuote(src) + " of=" + ShellQuote(Vol("v")) +
+                                 " bs=1M oflag=direct conv=notrunc,fsync status=none && cmp " +
+                                 ShellQuote(src) + " " + ShellQuote(Vol("v")) + " -n 8M");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+  };
+  // MountForeground waits for the first request through a ring.
+  ASSERT_EQ(MountForeground("io_uring=on"), "");
+  copy_and_compare();
+  ASSERT_EQ(Unmount(), "");
+  EXPECT_GT(UringRequestsInLog(Log()), 16) << Log();
+
+  ASSERT_EQ(MountForeground("io_uring=off"), "");
+  copy_and_compare();
+  ASSERT_EQ(Unmount(), "");
+  EXPECT_EQ(UringRequestsInLog(Log()), 0) << Log();
+}
+
 // -o page_cache=on|off reaches the daemon (it logs it at INIT); a bad value
 // and the combination with writeback_cache=on are refused before anything
 // is mounted.

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -114,6 +115,72 @@ std::string FuseUnavailableReason() {
   return "";
 }
 
+bool FuseIoUringUnderTest() {
+  const char* v = getenv("THINFS_TEST_FUSE_IO_URING");
+  return v != nullptr && std::string(v) == "1";
+}
+
+namespace {
+
+constexpr char kEnableUring[] = "/sys/module/fuse/parameters/enable_uring";
+
+// Puts the knob back as it was when the process exits.
+class UringKnob {
+ public:
+  std::string Set(bool on) {
+    const std::string want = on ? "Y" : "N";
+    std::lock_guard<std::mutex> l(mu_);
+    std::ifstream in(kEnableUring);
+    if (!in) return std::string("no ") + kEnableUring + " (FUSE over io_uring needs Linux 6.14)";
+    std::string value;
+    std::getline(in, value);
+    if (!saved_) {
+      original_ = value;
+      saved_ = true;
+    }
+    if (value == want) return "";
+    std::ofstream out(kEnableUring);
+    out << want << "\n";
+    out.flush();
+    if (!out) return std::string("cannot write ") + kEnableUring + ": " + strerror(errno);
+    return "";
+  }
+  ~UringKnob() {
+    if (saved_) {
+      std::ofstream out(kEnableUring);
+      out << original_ << "\n";
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  bool saved_ = false;
+  std::string original_;
+};
+
+}  // namespace
+
+std::string SetFuseIoUring(bool on) {
+  static UringKnob knob;
+  return knob.Set(on);
+}
+
+std::string EnableFuseIoUring() { return SetFuseIoUring(true); }
+
+std::string WithTransportUnderTest(const std::string& options) {
+  if (!FuseIoUringUnderTest() || options.find("io_uring=") != std::string::npos) return options;
+  return options.empty() ? "io_uring=on" : options + ",io_uring=on";
+}
+
+long long UringRequestsInLog(const std::string& log) {
+  const std::string marker = " requests through io_uring)";
+  size_t end = log.rfind(marker);
+  if (end == std::string::npos) return -1;
+  size_t start = log.rfind('(', end);
+  if (start == std::string::npos) return -1;
+  return std::atoll(log.substr(start + 1, end - start - 1).c_str());
+}
+
 std::string LoopUnavailableReason() {
   if (access("/dev/loop-control", R_OK | W_OK) != 0) {
     return std::string("cannot use /dev/loop-control: ") + strerror(errno);
@@ -196,6 +263,13 @@ void E2eTest::SetUp() {
     if (InCi()) FAIL() << "FUSE is required under CI: " << why;
     GTEST_SKIP() << "FUSE unavailable: " << why;
   }
+  if (FuseIoUringUnderTest()) {
+    why = EnableFuseIoUring();
+    if (!why.empty()) {
+      if (InCi()) FAIL() << "FUSE over io_uring is required by this run under CI: " << why;
+      GTEST_SKIP() << "FUSE over io_uring unavailable: " << why;
+    }
+  }
   char tmpl[] = "/tmp/thinfs-e2e-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr) << strerror(errno);
   dir_ = tmpl;
@@ -269,9 +343,10 @@ std::string E2eTest::MountForeground(const std::string& options, std::chrono::se
   if (log_fd < 0) return std::string("open log: ") + strerror(errno);
   std::string binary = ThinfsBinary();
   std::vector<std::string> args = {binary, "mount", pool_, mnt_, "-f"};
-  if (!options.empty()) {
+  std::string all_options = WithTransportUnderTest(options);
+  if (!all_options.empty()) {
     args.push_back("-o");
-    args.push_back(options);
+    args.push_back(all_options);
   }
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
@@ -302,6 +377,19 @@ std::string E2eTest::MountForeground(const std::string& options, std::chrono::se
       // stat waits for the kernel's INIT to be answered.
       struct stat st {};
       if (stat(mnt_.c_str(), &st) != 0) return std::string("stat mount: ") + strerror(errno);
+      if (FuseIoUringUnderTest() && all_options.find("io_uring=off") == std::string::npos) {
+        // The rings register just after INIT; until then requests take
+        // /dev/fuse. statfs always reaches the daemon.
+        while (Log().find(kFirstRingRequest) == std::string::npos) {
+          if (steady_clock::now() >= deadline) {
+            return "no request through io_uring after " + std::to_string(timeout.count()) +
+                   "s:\n" + Log();
+          }
+          struct statvfs sv {};
+          statvfs(mnt_.c_str(), &sv);
+          std::this_thread::sleep_for(milliseconds(5));
+        }
+      }
       return "";
     }
     std::this_thread::sleep_for(milliseconds(20));
@@ -312,7 +400,8 @@ std::string E2eTest::MountForeground(const std::string& options, std::chrono::se
 CommandResult E2eTest::MountDaemon(const std::string& options) {
   std::string cmd = ShellQuote(ThinfsBinary()) + " mount " + ShellQuote(pool_) + " " +
                     ShellQuote(mnt_);
-  if (!options.empty()) cmd += " -o " + ShellQuote(options);
+  std::string all_options = WithTransportUnderTest(options);
+  if (!all_options.empty()) cmd += " -o " + ShellQuote(all_options);
   return RunCommand(cmd, std::chrono::seconds(60));
 }
 

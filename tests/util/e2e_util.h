@@ -41,6 +41,26 @@ std::string FuseUnavailableReason();
 // "" when loop devices can be attached, else why not.
 std::string LoopUnavailableReason();
 
+// The ctest entries that rerun FUSE suites over FUSE's io_uring transport
+// (tests/CMakeLists.txt) set THINFS_TEST_FUSE_IO_URING=1: mounts then ask
+// for io_uring=on and the fixtures check that requests went through a ring.
+bool FuseIoUringUnderTest();
+// Sets /sys/module/fuse/parameters/enable_uring to Y for new mounts; the
+// value it had is put back when the test process exits. "" on success,
+// else why not (not root, a kernel before 6.14).
+std::string EnableFuseIoUring();
+// The same, to Y or N. Tests that set it hold the ctest resource lock
+// fuse_io_uring_knob (tests/test_costs.cmake).
+std::string SetFuseIoUring(bool on);
+// `options` (mount -o) plus io_uring=on under FuseIoUringUnderTest(),
+// unless they choose io_uring= themselves.
+std::string WithTransportUnderTest(const std::string& options);
+// What a daemon logs when the first request reaches it through a ring.
+inline constexpr char kFirstRingRequest[] = "FUSE over io_uring: serving";
+// From a daemon's log (its last "served ..." line): the requests served
+// through io_uring, or -1 if the log has no such line.
+long long UringRequestsInLog(const std::string& log);
+
 // PIDs of processes whose command line is `thinfs mount POOL ...`.
 std::vector<pid_t> FindMountDaemons(const std::string& pool);
 

@@ -1,0 +1,452 @@
+// FUSE over io_uring under libfuse 3.14: see fs/uring.h.
+
+#define FUSE_USE_VERSION 312
+
+#include "fs/uring.h"
+
+#include <fcntl.h>
+#include <fuse_lowlevel.h>
+#include <liburing.h>
+#include <linux/fuse.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "core/check.h"
+#include "fs/log.h"
+
+namespace thinfs::fs {
+namespace {
+
+// The kernel's FUSE-over-io_uring ABI (include/uapi/linux/fuse.h since
+// Linux 6.14, protocol 7.42). Debian 12's headers are older.
+constexpr uint64_t kFuseOverIoUring = 1ULL << 41;  // INIT flag, in flags2
+constexpr uint32_t kFuseOverIoUring2 = static_cast<uint32_t>(kFuseOverIoUring >> 32);
+constexpr uint32_t kCmdRegister = 1;
+constexpr uint32_t kCmdCommitAndFetch = 2;
+
+struct RingEntInOut {
+  uint64_t flags;
+  uint64_t commit_id;  // the request's unique, to commit its reply with
+  uint32_t payload_sz;
+  uint32_t padding;
+  uint64_t reserved;
+};
+
+struct RingReqHeader {
+  char in_out[128];  // fuse_in_header of the request; fuse_out_header of the reply
+  char op_in[128];   // the request's first argument (its per-opcode struct)
+  RingEntInOut ring_ent_in_out;
+};
+
+// In the SQE's 80 bytes of command data.
+struct RingCmdReq {
+  uint64_t flags;
+  uint64_t commit_id;
+  uint16_t qid;
+  uint8_t padding[6];
+};
+static_assert(sizeof(RingCmdReq) <= 80);
+
+static_assert(sizeof(fuse_in_header) == 40 && sizeof(fuse_out_header) == 16);
+static_assert(offsetof(fuse_init_in, flags2) == 16);
+static_assert(offsetof(fuse_init_out, max_write) == 20);
+static_assert(offsetof(fuse_init_out, max_pages) == 28);
+static_assert(offsetof(fuse_init_out, flags2) == 32);
+
+// An entry's memory: the headers, then kLead bytes later the payload. A
+// request is rebuilt as /dev/fuse delivers it (in header, first argument,
+// payload) in the bytes just before the payload.
+constexpr size_t kLead = 4096;
+static_assert(sizeof(RingReqHeader) + sizeof(fuse_in_header) + 128 <= kLead);
+
+constexpr uint64_t kEntryTag = 1;
+constexpr uint64_t kStopTag = 2;
+
+// A zeroed 128-byte SQE (the ring is set up with IORING_SETUP_SQE128).
+io_uring_sqe* ZeroedSqe(io_uring* ring) {
+  io_uring_sqe* sqe = io_uring_get_sqe(ring);
+  if (sqe == nullptr) {  // never with our two SQEs in flight, but be safe
+    io_uring_submit(ring);
+    sqe = io_uring_get_sqe(ring);
+  }
+  THINFS_CHECK(sqe != nullptr);
+  // Through an integer: GCC's bounds check takes sqe->cmd (an array of 0)
+  // for the end of the object.
+  auto* bytes = reinterpret_cast<unsigned char*>(reinterpret_cast<uintptr_t>(sqe));
+  std::memset(bytes, 0, 2 * sizeof(io_uring_sqe));
+  return sqe;
+}
+
+// The SQE's 80 bytes of command data.
+void SetCmd(io_uring_sqe* sqe, const void* cmd, size_t size) {
+  auto* bytes = reinterpret_cast<unsigned char*>(reinterpret_cast<uintptr_t>(sqe));
+  std::memcpy(bytes + offsetof(io_uring_sqe, cmd), cmd, size);
+}
+
+constexpr char kEnableUring[] = "/sys/module/fuse/parameters/enable_uring";
+
+// The kernel makes one queue per possible CPU (num_possible_cpus()).
+unsigned PossibleCpus() {
+  std::ifstream in("/sys/devices/system/cpu/possible");
+  std::string list;
+  if (in && std::getline(in, list)) {
+    unsigned count = 0;
+    std::stringstream ranges(list);
+    std::string range;
+    while (std::getline(ranges, range, ',')) {
+      unsigned lo = 0, hi = 0;
+      if (std::sscanf(range.c_str(), "%u-%u", &lo, &hi) == 2 && hi >= lo) {
+        count += hi - lo + 1;
+      } else if (std::sscanf(range.c_str(), "%u", &lo) == 1) {
+        count += 1;
+      }
+    }
+    if (count > 0) return count;
+  }
+  long n = sysconf(_SC_NPROCESSORS_CONF);
+  return n > 0 ? static_cast<unsigned>(n) : 1;
+}
+
+// Flags from the most to the least efficient: task work (the kernel copying
+// a request into our buffers) runs only when the thread waits for it.
+int InitRing(io_uring* ring) {
+  const unsigned kTries[] = {
+      IORING_SETUP_SQE128 | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN,
+      IORING_SETUP_SQE128 | IORING_SETUP_COOP_TASKRUN,
+      IORING_SETUP_SQE128,
+  };
+  int rc = -EINVAL;
+  for (unsigned flags : kTries) {
+    io_uring_params p{};
+    p.flags = flags;
+    rc = io_uring_queue_init_params(4, ring, &p);
+    if (rc != -EINVAL) return rc;
+  }
+  return rc;
+}
+
+}  // namespace
+
+struct UringTransport::Entry {
+  unsigned qid = 0;
+  bool pinned = true;
+  std::byte* mem = nullptr;
+  size_t mem_size = 0;
+  RingReqHeader* header = nullptr;
+  std::byte* payload = nullptr;
+  size_t payload_size = 0;
+  iovec iov[2]{};
+  // The request being served (its reply goes into this entry).
+  uint64_t unique = 0;
+  uint64_t commit_id = 0;
+  bool replied = false;
+};
+
+namespace {
+thread_local UringTransport::Entry* tls_entry = nullptr;
+}  // namespace
+
+std::string UringUnavailableReason() {
+  std::ifstream in(kEnableUring);
+  if (!in) {
+    return std::string("the kernel has no FUSE over io_uring (no ") + kEnableUring +
+           "; it needs Linux 6.14 or later)";
+  }
+  std::string value;
+  std::getline(in, value);
+  if (value == "Y" || value == "1") return "";
+  return std::string(kEnableUring) + " is " + value + " (as root: echo Y > " + kEnableUring +
+         ")";
+}
+
+UringTransport::UringTransport(unsigned threads, std::atomic<uint64_t>* served)
+    : threads_wanted_(std::max(1u, threads)), served_(served) {}
+
+UringTransport::~UringTransport() {
+  Stop();
+  MutexLock l(&mu_);
+  // The threads are gone, so the kernel no longer copies into the buffers
+  // (a request assigned to a dead thread's entry fails instead).
+  for (std::unique_ptr<Entry>& e : entries_) {
+    if (e->mem != nullptr) munmap(e->mem, e->mem_size);
+  }
+  if (stop_fd_ >= 0) close(stop_fd_);
+}
+
+Status UringTransport::Install(fuse_session* se, int fuse_fd) {
+  stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (stop_fd_ < 0) return Status::FromErrno(errno, "eventfd");
+  se_ = se;
+  fuse_fd_ = fuse_fd;
+  return Status::Ok();
+}
+
+ssize_t UringTransport::Read(int fd, void* buf, size_t len) {
+  ssize_t n = ::read(fd, buf, len);
+  constexpr ssize_t kInitSize = sizeof(fuse_in_header) + offsetof(fuse_init_in, flags2) + 4;
+  if (n >= kInitSize) {
+    const auto* in = static_cast<const fuse_in_header*>(buf);
+    if (in->opcode == FUSE_INIT) {
+      fuse_init_in arg{};
+      std::memcpy(&arg, in + 1, offsetof(fuse_init_in, flags2) + 4);
+      offered_.store((arg.flags & FUSE_INIT_EXT) != 0 && (arg.flags2 & kFuseOverIoUring2) != 0);
+      init_unique_.store(in->unique);
+    }
+  }
+  return n;
+}
+
+ssize_t UringTransport::Writev(int fd, iovec* iov, int count) {
+  if (count < 1 || iov[0].iov_len != sizeof(fuse_out_header)) return ::writev(fd, iov, count);
+  fuse_out_header out;
+  std::memcpy(&out, iov[0].iov_base, sizeof out);
+
+  // A reply to the request this ring thread serves: into its entry.
+  Entry* e = tls_entry;
+  if (e != nullptr && !e->replied && out.unique == e->unique && out.unique != 0) {
+    size_t off = 0;
+    for (int i = 1; i < count; ++i) {
+      if (iov[i].iov_len > e->payload_size - off) {
+        errno = EINVAL;  // larger than max_write: libfuse logs it
+        return -1;
+      }
+      std::byte* to = e->payload + off;
+      if (iov[i].iov_base != to) std::memmove(to, iov[i].iov_base, iov[i].iov_len);
+      off += iov[i].iov_len;
+    }
+    std::memcpy(e->header->in_out, &out, sizeof out);
+    e->header->ring_ent_in_out.payload_sz = static_cast<uint32_t>(off);
+    e->replied = true;
+    return static_cast<ssize_t>(sizeof out + off);
+  }
+
+  // libfuse's INIT reply: ask for io_uring where the kernel offered it.
+  uint64_t init = init_unique_.load();
+  if (init == 0 || out.unique != init || count != 2) return ::writev(fd, iov, count);
+  init_unique_.store(0);
+  fuse_init_out arg{};
+  size_t arg_size = std::min(iov[1].iov_len, sizeof arg);
+  std::memcpy(&arg, iov[1].iov_base, arg_size);
+  bool ask = out.error == 0 && offered_.load() && arg_size >= offsetof(fuse_init_out, flags2) + 4;
+  if (!ask) {
+    THINFS_LOG_INFO("FUSE requests through /dev/fuse (%s)",
+                    offered_.load() ? "INIT reply too short"
+                                    : "the kernel does not offer io_uring");
+    return ::writev(fd, iov, count);
+  }
+  arg.flags |= FUSE_INIT_EXT;
+  arg.flags2 |= kFuseOverIoUring2;
+  iovec patched[2] = {iov[0], {&arg, iov[1].iov_len}};
+  if (iov[1].iov_len > sizeof arg) patched[1] = iov[1];  // unknown layout: as is
+  if (patched[1].iov_base == &arg) {
+    ssize_t n = ::writev(fd, patched, 2);
+    // The kernel has processed INIT once the write returns: rings may register.
+    if (n >= 0) StartThreads(arg.max_write, arg.max_pages);
+    return n;
+  }
+  return ::writev(fd, iov, count);
+}
+
+std::byte* UringTransport::ReplyBuffer(size_t size) {
+  Entry* e = tls_entry;
+  if (e == nullptr || e->replied || size > e->payload_size) return nullptr;
+  return e->payload;
+}
+
+void UringTransport::StartThreads(uint32_t max_write, uint32_t max_pages) {
+  MutexLock l(&mu_);
+  if (stopped_ || started_.load()) return;
+  size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  // The kernel's minimum: max(FUSE_MIN_READ_BUFFER, max_write, max_pages pages).
+  size_t payload = std::max<size_t>({8192, max_write, size_t{max_pages} * page});
+  payload = (payload + page - 1) / page * page;
+  queues_ = PossibleCpus();
+  // A caller's requests all go to its CPU's queue: a queue depth of 32 from
+  // one thread needs 32 entries on that queue to be served at once, as
+  // threads=32 serves it through /dev/fuse. Bounded in all on large
+  // machines (each thread holds a max_write buffer, touched as used).
+  constexpr unsigned kMaxRingThreads = 256;
+  unsigned per_queue = std::clamp(kMaxRingThreads / queues_, 1u, threads_wanted_);
+  for (unsigned q = 0; q < queues_; ++q) {
+    for (unsigned t = 0; t < per_queue; ++t) {
+      auto e = std::make_unique<Entry>();
+      e->qid = q;
+      // One thread per queue pinned to its CPU, started last so that its
+      // entry is likely the first the kernel hands a request to (a queue's
+      // idle entries are used last-in first-out): a lone synchronous
+      // caller stays on its CPU. The others may run anywhere, so that a
+      // burst from one CPU (a queue depth of 32, a loop device's worker)
+      // is served by every CPU. Pinning all of a queue's threads halved
+      // 4 KiB reads at queue depth 32 (docs/benchmarks.md, lever 33).
+      e->pinned = t + 1 == per_queue;
+      e->mem_size = kLead + payload;
+      void* mem = mmap(nullptr, e->mem_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                       -1, 0);
+      if (mem == MAP_FAILED) {
+        THINFS_LOG_ERROR("FUSE over io_uring: cannot map %zu bytes: %s", e->mem_size,
+                         strerror(errno));
+        continue;  // that queue may lack entries: the kernel keeps /dev/fuse
+      }
+      e->mem = static_cast<std::byte*>(mem);
+      e->header = reinterpret_cast<RingReqHeader*>(e->mem);
+      e->payload = e->mem + kLead;
+      e->payload_size = payload;
+      e->iov[0] = {e->header, sizeof(RingReqHeader)};
+      e->iov[1] = {e->payload, payload};
+      Entry* raw = e.get();
+      entries_.push_back(std::move(e));
+      threads_.emplace_back([this, raw] { Run(raw); });
+      ++threads_started_;
+    }
+  }
+  started_.store(true, std::memory_order_release);
+  THINFS_LOG_INFO("FUSE over io_uring: %u queues, %u ring threads each, %zu-byte payloads",
+                  queues_, per_queue, payload);
+}
+
+void UringTransport::Stop() {
+  std::vector<std::thread> threads;
+  {
+    MutexLock l(&mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    threads = std::move(threads_);
+  }
+  if (stop_fd_ >= 0) {
+    uint64_t one = 1;
+    ssize_t n = write(stop_fd_, &one, sizeof one);
+    (void)n;  // an eventfd write of 1 cannot fail short of overflow
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+void UringTransport::Run(Entry* e) {
+  pthread_setname_np(pthread_self(), "thinfs-uring");
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  CPU_SET(e->qid, &cpus);
+  // The point of the queue: serve requests on the CPU that issued them. A
+  // CPU we may not run on (a cpuset) still gets its queue served.
+  if (e->pinned && sched_setaffinity(0, sizeof cpus, &cpus) != 0) {
+    THINFS_LOG_DEBUG("ring thread of queue %u not pinned: %s", e->qid, strerror(errno));
+  }
+  io_uring ring;
+  int rc = InitRing(&ring);
+  if (rc < 0) {
+    THINFS_LOG_ERROR("FUSE over io_uring: io_uring_queue_init: %s; queue %u keeps /dev/fuse",
+                     strerror(-rc), e->qid);
+    return;
+  }
+  auto submit_cmd = [&](uint32_t op, uint64_t commit_id) {
+    io_uring_sqe* sqe = ZeroedSqe(&ring);
+    sqe->opcode = IORING_OP_URING_CMD;
+    sqe->fd = fuse_fd_;
+    sqe->cmd_op = op;
+    sqe->addr = reinterpret_cast<uint64_t>(e->iov);
+    sqe->len = 2;
+    RingCmdReq req{};
+    req.qid = static_cast<uint16_t>(e->qid);
+    req.commit_id = commit_id;
+    SetCmd(sqe, &req, sizeof req);
+    io_uring_sqe_set_data64(sqe, kEntryTag);
+  };
+  io_uring_sqe* poll = ZeroedSqe(&ring);
+  io_uring_prep_poll_add(poll, stop_fd_, POLLIN);
+  io_uring_sqe_set_data64(poll, kStopTag);
+  submit_cmd(kCmdRegister, 0);
+
+  int not_ready = 0;
+  bool done = false, entry_live = true;
+  while (!done && entry_live) {
+    rc = io_uring_submit_and_wait(&ring, 1);
+    if (rc < 0 && rc != -EINTR) {
+      THINFS_LOG_ERROR("FUSE over io_uring: io_uring_enter: %s", strerror(-rc));
+      break;
+    }
+    io_uring_cqe* cqe = nullptr;
+    while (io_uring_peek_cqe(&ring, &cqe) == 0) {
+      uint64_t tag = cqe->user_data;
+      int res = cqe->res;
+      io_uring_cqe_seen(&ring, cqe);
+      if (tag == kStopTag) {
+        done = true;
+        continue;
+      }
+      if (res == -EAGAIN && not_ready++ < 5000) {
+        // INIT not processed yet (it is, once our INIT reply was written).
+        usleep(1000);
+        submit_cmd(kCmdRegister, 0);
+        continue;
+      }
+      if (res < 0) {
+        // ENOTCONN/ECONNABORTED: the connection ended (unmount, abort).
+        if (res != -ENOTCONN && res != -ECONNABORTED && res != -ECANCELED) {
+          THINFS_LOG_ERROR("FUSE over io_uring: queue %u: %s", e->qid, strerror(-res));
+        }
+        entry_live = false;
+        continue;
+      }
+      ServeEntry(e);
+      submit_cmd(kCmdCommitAndFetch, e->commit_id);
+    }
+  }
+  // Submits a commit still queued, so its caller gets the reply.
+  io_uring_submit(&ring);
+  io_uring_queue_exit(&ring);
+}
+
+void UringTransport::ServeEntry(Entry* e) {
+  fuse_in_header in;
+  std::memcpy(&in, e->header->in_out, sizeof in);
+  uint32_t payload_sz = e->header->ring_ent_in_out.payload_sz;
+  e->commit_id = e->header->ring_ent_in_out.commit_id;
+  e->unique = in.unique;
+  e->replied = false;
+  size_t op_size = in.len - sizeof in - payload_sz;
+  bool sane = in.len >= sizeof in + payload_sz && op_size <= sizeof e->header->op_in &&
+              payload_sz <= e->payload_size;
+  if (sane) {
+    std::byte* start = e->payload - sizeof in - op_size;
+    std::memcpy(start, &in, sizeof in);
+    std::memcpy(start + sizeof in, e->header->op_in, op_size);
+    fuse_buf buf{};
+    buf.size = in.len;
+    buf.mem = start;
+    if (!serving_.exchange(true, std::memory_order_relaxed)) {
+      // Tests wait for this line (tests/util/e2e_util.h, kFirstRingRequest).
+      THINFS_LOG_INFO("FUSE over io_uring: serving requests through the rings");
+    }
+    tls_entry = e;
+    fuse_session_process_buf(se_, &buf);
+    tls_entry = nullptr;
+    if (served_ != nullptr) served_->fetch_add(1, std::memory_order_relaxed);
+  } else {
+    THINFS_LOG_ERROR("FUSE over io_uring: malformed request (opcode %u, len %u, payload %u)",
+                     in.opcode, in.len, payload_sz);
+  }
+  if (!e->replied) {
+    // Every request a ring carries wants a reply; never leave one hanging.
+    fuse_out_header out{};
+    out.len = sizeof out;
+    out.error = -EIO;
+    out.unique = e->unique;
+    std::memcpy(e->header->in_out, &out, sizeof out);
+    e->header->ring_ent_in_out.payload_sz = 0;
+    e->replied = true;
+  }
+}
+
+}  // namespace thinfs::fs

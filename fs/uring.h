@@ -1,0 +1,137 @@
+// FUSE over io_uring: requests served by threads pinned to the CPU that
+// issued them.
+//
+// Through /dev/fuse, the kernel hands a request to whichever worker has
+// waited longest, on any CPU. On a VM whose idle vCPUs halt at once, each of
+// a request's two wake-ups that crosses CPUs costs about 25 µs, and a FUSE
+// round trip takes 2.4-2.7 times as long as with client and server on one
+// CPU (docs/benchmarks.md, lever 28). Linux 6.14 added FUSE over io_uring:
+// one queue per CPU, each request queued on the queue of the CPU its caller
+// runs on, and handed to a ring entry the server registered on that queue.
+// With a thread pinned to each CPU the wake-ups of a synchronous caller
+// stay local.
+//
+// libfuse 3.14 (Debian 12) predates it, so this adapter does the part
+// libfuse does not, through libfuse's custom I/O hooks
+// (fuse_session_custom_io):
+//   - read: notes the kernel's INIT request and whether it offers
+//     FUSE_OVER_IO_URING (it does when /sys/module/fuse/parameters/enable_uring
+//     is Y);
+//   - writev: adds FUSE_OVER_IO_URING to libfuse's INIT reply when offered,
+//     starts the ring threads once the reply is written, and puts a reply to
+//     a request that came through a ring into that ring entry's buffers
+//     instead of writing it to /dev/fuse.
+// A ring thread rebuilds the request as /dev/fuse would have delivered it,
+// in front of the payload buffer (no copy of the payload), and runs it
+// through fuse_session_process_buf(): libfuse's dispatch and thinfs's
+// callbacks are unchanged. The reply is committed with
+// FUSE_IO_URING_CMD_COMMIT_AND_FETCH, which also re-arms the entry.
+//
+// Each ring thread owns one io_uring and one ring entry, so it serves one
+// request at a time like a libfuse worker; the kernel gives a request to an
+// idle entry of its CPU's queue, or queues it until one is. One thread of
+// each queue is pinned to the queue's CPU; the others may run on any CPU,
+// so that a burst of requests from one CPU is served by all. Until every
+// queue has an entry the kernel keeps using /dev/fuse, and it always does
+// for FORGET, INTERRUPT and notifications: libfuse's loop keeps running.
+//
+// Thread safety: Read and Writev may be called from any thread (libfuse's
+// workers, the ring threads, notifications). Stop is called once, by the
+// thread that ran the loop.
+
+#ifndef THINFS_FS_URING_H_
+#define THINFS_FS_URING_H_
+
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/mutex.h"
+#include "core/status.h"
+
+struct fuse_session;
+
+namespace thinfs::fs {
+
+enum class UringMode {
+  kOff,   // /dev/fuse only: libfuse's I/O untouched
+  kAuto,  // io_uring when the kernel offers it at INIT
+  kOn,    // the same; RunMount refuses to mount when the kernel's knob is off
+};
+
+// Whether the kernel offers FUSE over io_uring to new mounts: the module
+// parameter reads Y. Empty if so, else why not (for messages).
+std::string UringUnavailableReason();
+
+class UringTransport {
+ public:
+  // `threads`: ring threads per CPU queue (fewer when there are more than
+  // 256 in all), as the mount option threads=N bounds the requests served
+  // at once: a caller's requests all go to its CPU's queue.
+  // `served`: counts the requests served through a ring (may be null).
+  UringTransport(unsigned threads, std::atomic<uint64_t>* served);
+  ~UringTransport();  // Stop()s, then frees the entries' buffers
+  UringTransport(const UringTransport&) = delete;
+  UringTransport& operator=(const UringTransport&) = delete;
+
+  // Installs the hooks on `se`, mounted on `fuse_fd`. Before the INIT
+  // request arrives, i.e. before the session loop starts.
+  Status Install(fuse_session* se, int fuse_fd);
+
+  // Ends and joins the ring threads (each finishes the request it serves).
+  // Idempotent. After it, requests a ring would get wait for the
+  // connection's end (the unmount), as with libfuse's loop ended.
+  void Stop();
+
+  // Ring threads started (after INIT, when offered), and registered
+  // queues: for the log.
+  bool started() const { return started_.load(std::memory_order_acquire); }
+  unsigned queues() const { return queues_; }
+  unsigned threads_started() const { return threads_started_; }
+
+  // The libfuse hooks (through the session's userdata: fs/server.cc).
+  ssize_t Read(int fd, void* buf, size_t len);
+  ssize_t Writev(int fd, iovec* iov, int count);
+
+  // When the calling thread serves a ring request and `size` bytes fit in
+  // its entry's payload buffer, that buffer: a read reply built there is
+  // not copied again. Else nullptr.
+  static std::byte* ReplyBuffer(size_t size);
+
+  struct Entry;  // one ring entry and its thread (fs/uring.cc)
+
+ private:
+  void StartThreads(uint32_t max_write, uint32_t max_pages);
+  void Run(Entry* e);
+  void ServeEntry(Entry* e);
+
+  const unsigned threads_wanted_;
+  std::atomic<uint64_t>* const served_;
+  fuse_session* se_ = nullptr;
+  int fuse_fd_ = -1;
+  int stop_fd_ = -1;  // eventfd: readable once Stop() begins
+
+  // INIT as the kernel sent it (set by Read before libfuse replies).
+  std::atomic<uint64_t> init_unique_{0};
+  std::atomic<bool> offered_{false};
+
+  Mutex mu_;
+  std::atomic<bool> started_{false};
+  std::atomic<bool> serving_{false};  // a request came through a ring
+  unsigned queues_ = 0;           // set before started_
+  unsigned threads_started_ = 0;  // set before started_
+  std::vector<std::unique_ptr<Entry>> entries_ GUARDED_BY(mu_);  // freed by the destructor
+  std::vector<std::thread> threads_ GUARDED_BY(mu_);
+  bool stopped_ GUARDED_BY(mu_) = false;
+};
+
+}  // namespace thinfs::fs
+
+#endif  // THINFS_FS_URING_H_
