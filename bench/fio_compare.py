@@ -147,6 +147,7 @@ def machine():
     return {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             "loadavg": loadavg(), "nproc": out(["nproc"]), "cpu": cpu,
             "kernel": platform.release(), "free_h": out(["free", "-h"]),
+            "uring": read_uring_knob() or "absent",
             "fio": out(["fio", "--version"]),
             "qemu": out(["qemu-storage-daemon", "--version"]).split("\n")[0],
             "btrfs": out(["btrfs", "--version"])}
@@ -169,7 +170,8 @@ def expected_minutes(args, n_targets, jobs):
 def report(args, cmdline, results, fs_type, mach, jobs, targets, stack_targets, snap):
     L = ["## fio through the whole stack: thinfs vs its peers\n",
          f"```\n{cmdline}\n```\n",
-         f"- date: {mach['date']}; kernel {mach['kernel']}; {mach['nproc']} CPUs "
+         f"- date: {mach['date']}; kernel {mach['kernel']} (FUSE over io_uring knob "
+         f"`enable_uring`: {mach['uring']}); {mach['nproc']} CPUs "
          f"({mach['cpu']}); {mach['fio']}; {mach['qemu']}; {mach['btrfs']}; files on "
          f"{fs_type} (`{args.dir}`).",
          f"- load average (1/5/15 min) at start {mach['loadavg_start']}, at end "
@@ -319,6 +321,12 @@ def main():
     p.add_argument("--markdown", help="write the Markdown report here (the chart goes "
                                       "next to it as NAME.png)")
     p.add_argument("--json", help="write every sample here")
+    p.add_argument("--fuse-io-uring", choices=["keep", "on", "off"], default="keep",
+                   help="set the kernel's FUSE-over-io_uring knob "
+                        "(/sys/module/fuse/parameters/enable_uring) for the run and put it "
+                        "back after; thinfs uses the rings when it is on (its mount option "
+                        "io_uring=auto), libfuse 3.14's passthrough and qemu 7.2 never do "
+                        "(default keep; the report records its value)")
     p.add_argument("--quick", action="store_true",
                    help="1 round, 32 MiB, 0.5 s jobs, 32/128 MiB snapshot origins, 3 "
                         "snapshot repetitions; check that every table is complete")
@@ -377,6 +385,35 @@ def main():
         + ("" if args.no_snapshots else
            f"; snapshot timing on {size_label(args.snap_sizes[0])}/"
            f"{size_label(args.snap_sizes[1])} origins") + ")")
+    knob_before = read_uring_knob()
+    if args.fuse_io_uring != "keep":
+        if knob_before is None:
+            sys.exit("fio_compare: --fuse-io-uring: this kernel has no " + URING_KNOB)
+        set_uring_knob("Y" if args.fuse_io_uring == "on" else "N")
+    try:
+        return main_with_knob(args, cmdline, jobs)
+    finally:
+        if args.fuse_io_uring != "keep":
+            set_uring_knob(knob_before)
+
+
+URING_KNOB = "/sys/module/fuse/parameters/enable_uring"
+
+
+def read_uring_knob():
+    try:
+        with open(URING_KNOB) as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
+def set_uring_knob(value):
+    with open(URING_KNOB, "w") as fh:
+        fh.write(value + "\n")
+
+
+def main_with_knob(args, cmdline, jobs):
     mach_start = machine()
     fs_type = run(["stat", "-f", "-c", "%T", args.dir], check=False).stdout.strip()
     targets, results, stack_targets = [], {}, {}

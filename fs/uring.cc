@@ -11,6 +11,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -335,6 +336,13 @@ void UringTransport::Stop() {
 
 void UringTransport::Run(Entry* e) {
   pthread_setname_np(pthread_self(), "thinfs-uring");
+  // libfuse's handlers end the loop on SIGTERM, SIGINT and SIGHUP: leave
+  // them to threads that wake its loop (a ring thread would only retry its
+  // io_uring_enter).
+  sigset_t signals;
+  sigemptyset(&signals);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGPIPE}) sigaddset(&signals, sig);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
   CPU_SET(e->qid, &cpus);
