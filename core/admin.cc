@@ -201,6 +201,7 @@ AdminReply PoolStatus(Pool& pool, const AdminContext& ctx) {
   r.low_water_blocks = st.low_water_blocks;
   r.below_low_water = st.below_low_water;
   r.counters = st;
+  if (ctx.fuse_transport) r.fuse = ctx.fuse_transport();
   AdminReply reply;
   reply.text = FormatStatusText(r);
   reply.json = FormatStatusJson(r);
@@ -419,6 +420,14 @@ std::string FormatStatusText(const PoolStatusReport& r) {
                            (r.below_low_water ? "BELOW the mark" : "above the mark"));
   }
   if (!r.mountpoint.empty()) line("mounted on:", r.mountpoint);
+  if (r.fuse) {
+    const FuseTransportInfo& f = *r.fuse;
+    line("fuse requests:",
+         f.io_uring ? "io_uring, " + std::to_string(f.queues) + " CPU queues x " +
+                          std::to_string(f.threads_per_queue) + " ring threads (" +
+                          std::to_string(f.ring_requests) + " requests through the rings)"
+                    : "/dev/fuse");
+  }
   if (r.counters) {
     const PoolStats& c = *r.counters;
     line("since mount:", "reads " + std::to_string(c.reads) + ", writes " +
@@ -462,6 +471,17 @@ std::string FormatStatusJson(const PoolStatusReport& r) {
     j.Null();
   } else {
     j.String(r.mountpoint);
+  }
+  j.Key("fuse_transport");
+  if (!r.fuse) {
+    j.Null();
+  } else {
+    j.BeginObject()
+        .Key("kind").String(r.fuse->io_uring ? "io_uring" : "dev_fuse")
+        .Key("queues").Uint(r.fuse->queues)
+        .Key("ring_threads_per_queue").Uint(r.fuse->threads_per_queue)
+        .Key("ring_requests").Uint(r.fuse->ring_requests)
+        .EndObject();
   }
   if (r.counters) {
     const PoolStats& c = *r.counters;

@@ -30,6 +30,14 @@
 
 namespace thinfs {
 
+// How the kernel's FUSE requests reach a mount daemon (fs/uring.h).
+struct FuseTransportInfo {
+  bool io_uring = false;           // through per-CPU rings, else /dev/fuse
+  unsigned queues = 0;             // io_uring: the kernel's queues (one per CPU)
+  unsigned threads_per_queue = 0;  // io_uring: ring threads serving each
+  uint64_t ring_requests = 0;      // io_uring: requests served through the rings
+};
+
 // What the caller knows beyond the Pool, and how it wants changes done.
 struct AdminContext {
   std::string pool_root;  // shown by status
@@ -51,6 +59,8 @@ struct AdminContext {
   // `thinfs check --read-only` can verify a mounted pool. Empty: the
   // command fails (only a daemon offers it).
   std::function<Status(const std::string& dir)> checkpoint;
+  // The mount daemon's FUSE transport, shown by status. Empty: not mounted.
+  std::function<FuseTransportInfo()> fuse_transport;
 };
 
 // Runs one command. Never throws; bad input is a reply with kAdminUsage and
@@ -80,15 +90,20 @@ struct PoolStatusReport {
   bool below_low_water = false;
   // Engine counters since the daemon opened the pool (mounted only).
   std::optional<PoolStats> counters;
+  // How FUSE requests reach the daemon (mounted only).
+  std::optional<FuseTransportInfo> fuse;
 };
 
 // The text `thinfs status` prints (lines ending in '\n').
 std::string FormatStatusText(const PoolStatusReport& r);
 // One JSON object: pool, uuid, created, created_ns, data_path, data_bytes,
 // block_size, data_blocks, used_blocks, free_blocks, devices,
-// transaction_id, bitmap_clean, low_water_blocks, below_low_water, mounted, mountpoint (string or null), and
-// when mounted "counters": {reads, writes, provisions, cow_copies,
-// deferred_copies, discards, commits, data_syncs, gc_backlog}.
+// transaction_id, bitmap_clean, low_water_blocks, below_low_water, mounted,
+// mountpoint (string or null), fuse_transport (null unless mounted, else
+// {kind: "io_uring" or "dev_fuse", queues, ring_threads_per_queue,
+// ring_requests}), and when mounted "counters": {reads, writes,
+// provisions, cow_copies, deferred_copies, discards, commits, data_syncs,
+// gc_backlog}.
 std::string FormatStatusJson(const PoolStatusReport& r);
 
 // "2024-05-01T12:00:00Z" for a CLOCK_REALTIME time in nanoseconds.

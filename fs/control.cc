@@ -273,6 +273,7 @@ void ControlServer::Serve(Connection* conn) {
   };
   ctx.entry_changed = [](const std::string& name) { NotifyEntryChanged(name); };
   ctx.inode_changed = [](VolumeId id) { NotifyInodeChanged(id); };
+  ctx.fuse_transport = [] { return CurrentFuseTransport(); };
   if (cred.uid == 0 || cred.uid == config_.owner_uid) ctx.checkpoint = config_.checkpoint;
   AdminReply reply = RunAdmin(*pool_, *request, ctx);
   if (reply.exit_code == kAdminOk) {

@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <string>
 
+#include "core/admin.h"
 #include "core/pool.h"
 #include "core/status.h"
 #include "core/types.h"
@@ -121,6 +122,10 @@ void NotifyInodeChanged(VolumeId id);
 // Tell the kernel to drop its cached pages of bytes [offset, offset +
 // length) of device `id`, whose contents changed other than through them.
 void NotifyRangeChanged(VolumeId id, uint64_t offset, uint64_t length);
+
+// How the kernel's requests reach the mount RunMount serves: io_uring once
+// a request came through a ring (fs/uring.h), else /dev/fuse.
+FuseTransportInfo CurrentFuseTransport();
 
 // Delete and resize for the control socket. While RunMount serves a mount
 // they go through its FUSE server: a deleted device still open in the mount

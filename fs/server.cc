@@ -1273,6 +1273,20 @@ void NotifyInodeChanged(VolumeId id) {
   DropPagesLocked(id, 0, 0);
 }
 
+FuseTransportInfo CurrentFuseTransport() {
+  FuseTransportInfo info;
+  MutexLock l(&g_session_mu);
+  if (g_server == nullptr) return info;
+  // The transport outlives g_server (Serve clears it first).
+  const UringTransport* uring = g_server->uring();
+  if (uring == nullptr || !uring->serving()) return info;
+  info.io_uring = true;
+  info.queues = uring->queues();
+  info.threads_per_queue = uring->threads_per_queue();
+  info.ring_requests = g_server->counts().uring.load(std::memory_order_relaxed);
+  return info;
+}
+
 Status DeleteDeviceServed(Pool* pool, const std::string& name) {
   // g_session_mu keeps the server alive (Serve clears g_server under it
   // before destroying it). Lock order: g_session_mu -> Server::mu_.

@@ -281,6 +281,7 @@ void UringTransport::StartThreads(uint32_t max_write, uint32_t max_pages) {
   // machines (each thread holds a max_write buffer, touched as used).
   constexpr unsigned kMaxRingThreads = 256;
   unsigned per_queue = std::clamp(kMaxRingThreads / queues_, 1u, threads_wanted_);
+  per_queue_ = per_queue;  // before any ring thread: serving() publishes it
   for (unsigned q = 0; q < queues_; ++q) {
     for (unsigned t = 0; t < per_queue; ++t) {
       auto e = std::make_unique<Entry>();
@@ -433,7 +434,7 @@ void UringTransport::ServeEntry(Entry* e) {
     fuse_buf buf{};
     buf.size = in.len;
     buf.mem = start;
-    if (!serving_.exchange(true, std::memory_order_relaxed)) {
+    if (!serving_.exchange(true, std::memory_order_acq_rel)) {
       // Tests wait for this line (tests/util/e2e_util.h, kFirstRingRequest).
       THINFS_LOG_INFO("FUSE over io_uring: serving requests through the rings");
     }

@@ -93,7 +93,11 @@ class UringTransport {
   // Ring threads started (after INIT, when offered), and registered
   // queues: for the log.
   bool started() const { return started_.load(std::memory_order_acquire); }
+  // A request came through a ring: the kernel uses them.
+  bool serving() const { return serving_.load(std::memory_order_acquire); }
+  // Valid once serving().
   unsigned queues() const { return queues_; }
+  unsigned threads_per_queue() const { return per_queue_; }
   unsigned threads_started() const { return threads_started_; }
 
   // The libfuse hooks (through the session's userdata: fs/server.cc).
@@ -127,6 +131,7 @@ class UringTransport {
   std::atomic<bool> serving_{false};  // a request came through a ring
   unsigned queues_ = 0;           // set before started_
   unsigned threads_started_ = 0;  // set before started_
+  unsigned per_queue_ = 0;        // set before started_
   std::vector<std::unique_ptr<Entry>> entries_ GUARDED_BY(mu_);  // freed by the destructor
   std::vector<std::thread> threads_ GUARDED_BY(mu_);
   bool stopped_ GUARDED_BY(mu_) = false;

@@ -110,7 +110,10 @@ int RunStatus(const std::vector<std::string>& args) {
   cl.SetEpilog(
       "JSON keys: pool, uuid, created, created_ns, data_path, data_bytes, block_size,\n"
       "data_blocks, used_blocks, free_blocks, devices, transaction_id, bitmap_clean,\n"
-      "mounted, mountpoint (null when not mounted) and, when mounted, counters:\n"
+      "mounted, mountpoint (null when not mounted), fuse_transport (null when not\n"
+      "mounted, else {kind: io_uring or dev_fuse, queues, ring_threads_per_queue,\n"
+      "ring_requests}: how the kernel's requests reach the daemon) and, when\n"
+      "mounted, counters:\n"
       "{reads, writes, provisions, cow_copies, deferred_copies, discards, commits,\n"
       "data_syncs, gc_backlog, commit_p50_us, commit_p90_us, commit_p99_us,\n"
       "commit_max_us}: the commit_* keys are the latency of the last 1024 commits\n"

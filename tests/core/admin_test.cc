@@ -234,6 +234,39 @@ TEST_F(AdminTest, BadInputChangesNothing) {
   }
 }
 
+// The daemon's FUSE transport (fs/uring.h), as the control socket reports
+// it: null without a daemon, the kind and the ring figures with one.
+TEST_F(AdminTest, StatusShowsTheFuseTransport) {
+  JsonValue v = ParseJson(Run("status", {{"json", "1"}}).json);
+  EXPECT_EQ(v["fuse_transport"].type, JsonValue::Type::kNull);
+  EXPECT_EQ(Run("status").text.find("fuse requests:"), std::string::npos);
+
+  ctx_.mountpoint = "/mnt/vols";
+  ctx_.fuse_transport = [] { return FuseTransportInfo{}; };
+  v = ParseJson(Run("status", {{"json", "1"}}).json);
+  EXPECT_EQ(v["fuse_transport"]["kind"].string, "dev_fuse");
+  EXPECT_NE(Run("status").text.find("fuse requests:   /dev/fuse\n"), std::string::npos);
+
+  ctx_.fuse_transport = [] {
+    FuseTransportInfo f;
+    f.io_uring = true;
+    f.queues = 2;
+    f.threads_per_queue = 32;
+    f.ring_requests = 12345;
+    return f;
+  };
+  v = ParseJson(Run("status", {{"json", "1"}}).json);
+  EXPECT_EQ(v["fuse_transport"]["kind"].string, "io_uring");
+  EXPECT_EQ(v["fuse_transport"]["queues"].AsUint(), 2u);
+  EXPECT_EQ(v["fuse_transport"]["ring_threads_per_queue"].AsUint(), 32u);
+  EXPECT_EQ(v["fuse_transport"]["ring_requests"].AsUint(), 12345u);
+  std::string text = Run("status").text;
+  EXPECT_NE(text.find("fuse requests:   io_uring, 2 CPU queues x 32 ring threads (12345 "
+                      "requests through the rings)\n"),
+            std::string::npos)
+      << text;
+}
+
 TEST_F(AdminTest, StatusHasCounters) {
   ctx_.pool_root = "/srv/pool";
   ctx_.mountpoint = "/mnt/vols";

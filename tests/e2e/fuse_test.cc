@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/tools/json_parser.h"
 #include "tests/util/e2e_util.h"
 
 namespace thinfs::testing {
@@ -313,13 +314,32 @@ TEST_F(FuseTest, IoUringOptionChoosesTheTransport) {
   // MountForeground waits for the first request through a ring.
   ASSERT_EQ(MountForeground("io_uring=on"), "");
   copy_and_compare();
+  CommandResult status = Thinfs({"status", pool_});
+  EXPECT_NE(status.output.find("fuse requests:   io_uring, "), std::string::npos)
+      << status.output;
+  status = Thinfs({"status", pool_, "--json"});
+  ASSERT_EQ(status.exit_code, 0) << status.output;
+  JsonValue transport = ParseJson(status.output)["fuse_transport"];
+  EXPECT_EQ(transport["kind"].string, "io_uring") << status.output;
+  EXPECT_GT(transport["ring_requests"].AsUint(), 16u) << status.output;
+  EXPECT_GE(transport["queues"].AsUint(), 1u) << status.output;
+  EXPECT_GE(transport["ring_threads_per_queue"].AsUint(), 1u) << status.output;
   ASSERT_EQ(Unmount(), "");
   EXPECT_GT(UringRequestsInLog(Log()), 16) << Log();
 
   ASSERT_EQ(MountForeground("io_uring=off"), "");
   copy_and_compare();
+  status = Thinfs({"status", pool_});
+  EXPECT_NE(status.output.find("fuse requests:   /dev/fuse\n"), std::string::npos)
+      << status.output;
+  status = Thinfs({"status", pool_, "--json"});
+  EXPECT_EQ(ParseJson(status.output)["fuse_transport"]["kind"].string, "dev_fuse")
+      << status.output;
   ASSERT_EQ(Unmount(), "");
   EXPECT_EQ(UringRequestsInLog(Log()), 0) << Log();
+  status = Thinfs({"status", pool_, "--json"});
+  EXPECT_EQ(ParseJson(status.output)["fuse_transport"].type, JsonValue::Type::kNull)
+      << status.output;
 }
 
 // -o page_cache=on|off reaches the daemon (it logs it at INIT); a bad value
