@@ -239,26 +239,25 @@ ssize_t UringTransport::Writev(int fd, iovec* iov, int count) {
   if (init == 0 || out.unique != init || count != 2) return ::writev(fd, iov, count);
   init_unique_.store(0);
   fuse_init_out arg{};
-  size_t arg_size = std::min(iov[1].iov_len, sizeof arg);
-  std::memcpy(&arg, iov[1].iov_base, arg_size);
-  bool ask = out.error == 0 && offered_.load() && arg_size >= offsetof(fuse_init_out, flags2) + 4;
-  if (!ask) {
+  const size_t arg_size = iov[1].iov_len;
+  // libfuse 3.14 sends the whole struct; a layout of another size is not
+  // one we know how to patch.
+  const bool known = arg_size >= offsetof(fuse_init_out, flags2) + 4 && arg_size <= sizeof arg;
+  if (out.error != 0 || !offered_.load() || !known) {
     THINFS_LOG_INFO("FUSE requests through /dev/fuse (%s)",
-                    offered_.load() ? "INIT reply too short"
-                                    : "the kernel does not offer io_uring");
+                    !offered_.load() ? "the kernel does not offer io_uring"
+                    : !known         ? "INIT reply of an unknown size"
+                                     : "INIT failed");
     return ::writev(fd, iov, count);
   }
+  std::memcpy(&arg, iov[1].iov_base, arg_size);
   arg.flags |= FUSE_INIT_EXT;
   arg.flags2 |= kFuseOverIoUring2;
-  iovec patched[2] = {iov[0], {&arg, iov[1].iov_len}};
-  if (iov[1].iov_len > sizeof arg) patched[1] = iov[1];  // unknown layout: as is
-  if (patched[1].iov_base == &arg) {
-    ssize_t n = ::writev(fd, patched, 2);
-    // The kernel has processed INIT once the write returns: rings may register.
-    if (n >= 0) StartThreads(arg.max_write, arg.max_pages);
-    return n;
-  }
-  return ::writev(fd, iov, count);
+  iovec patched[2] = {iov[0], {&arg, arg_size}};
+  ssize_t n = ::writev(fd, patched, 2);
+  // The kernel has processed INIT once the write returns: rings may register.
+  if (n >= 0) StartThreads(arg.max_write, arg.max_pages);
+  return n;
 }
 
 std::byte* UringTransport::ReplyBuffer(size_t size) {
