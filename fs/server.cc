@@ -1187,20 +1187,16 @@ Status Serve(Pool* pool, const ServeConfig& config, std::function<void()> on_rea
   // outlive every ring.
   std::unique_ptr<UringTransport> uring;
   if (config.io_uring != UringMode::kOff) {
-    uring = std::make_unique<UringTransport>(config.max_threads, &server.counts().uring);
     int fd = fuse_session_fd(se);
-    Status installed = uring->Install(se, fd);
+    uring = std::make_unique<UringTransport>(se, fd, config.max_threads, &server.counts().uring);
+    server.set_uring(uring.get());
     fuse_custom_io io{};
     io.read = UringRead;
     io.writev = UringWritev;
-    if (installed.ok()) {
-      server.set_uring(uring.get());
-      int rc = fuse_session_custom_io(se, &io, fd);
-      if (rc != 0) installed = Status::FromErrno(-rc, "fuse_session_custom_io");
-    }
-    if (!installed.ok()) {
-      THINFS_LOG_WARNING("FUSE over io_uring not set up (%s); serving /dev/fuse only",
-                         installed.ToString().c_str());
+    if (int rc = fuse_session_custom_io(se, &io, fd); rc != 0) {
+      THINFS_LOG_WARNING("FUSE over io_uring not set up (fuse_session_custom_io: %s); serving "
+                         "/dev/fuse only",
+                         strerror(-rc));
       server.set_uring(nullptr);
       uring.reset();
     }

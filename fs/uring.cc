@@ -173,8 +173,9 @@ std::string UringUnavailableReason() {
          ")";
 }
 
-UringTransport::UringTransport(unsigned threads, std::atomic<uint64_t>* served)
-    : threads_wanted_(std::max(1u, threads)), served_(served) {}
+UringTransport::UringTransport(fuse_session* se, int fuse_fd, unsigned threads,
+                               std::atomic<uint64_t>* served)
+    : threads_wanted_(std::max(1u, threads)), served_(served), se_(se), fuse_fd_(fuse_fd) {}
 
 UringTransport::~UringTransport() {
   Stop();
@@ -185,14 +186,6 @@ UringTransport::~UringTransport() {
     if (e->mem != nullptr) munmap(e->mem, e->mem_size);
   }
   if (stop_fd_ >= 0) close(stop_fd_);
-}
-
-Status UringTransport::Install(fuse_session* se, int fuse_fd) {
-  stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (stop_fd_ < 0) return Status::FromErrno(errno, "eventfd");
-  se_ = se;
-  fuse_fd_ = fuse_fd;
-  return Status::Ok();
 }
 
 ssize_t UringTransport::Read(int fd, void* buf, size_t len) {
@@ -268,7 +261,13 @@ std::byte* UringTransport::ReplyBuffer(size_t size) {
 
 void UringTransport::StartThreads(uint32_t max_write, uint32_t max_pages) {
   MutexLock l(&mu_);
-  if (stopped_ || started_.load()) return;
+  if (stopped_ || started_) return;
+  started_ = true;
+  stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (stop_fd_ < 0) {
+    THINFS_LOG_ERROR("FUSE over io_uring: eventfd: %s; serving /dev/fuse only", strerror(errno));
+    return;  // no queue gets an entry: the kernel keeps /dev/fuse
+  }
   size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   // The kernel's minimum: max(FUSE_MIN_READ_BUFFER, max_write, max_pages pages).
   size_t payload = std::max<size_t>({8192, max_write, size_t{max_pages} * page});
@@ -310,10 +309,8 @@ void UringTransport::StartThreads(uint32_t max_write, uint32_t max_pages) {
       Entry* raw = e.get();
       entries_.push_back(std::move(e));
       threads_.emplace_back([this, raw] { Run(raw); });
-      ++threads_started_;
     }
   }
-  started_.store(true, std::memory_order_release);
   THINFS_LOG_INFO("FUSE over io_uring: %u queues, %u ring threads each, %zu-byte payloads",
                   queues_, per_queue, payload);
 }

@@ -54,7 +54,6 @@
 #include <vector>
 
 #include "core/mutex.h"
-#include "core/status.h"
 
 struct fuse_session;
 
@@ -76,29 +75,24 @@ class UringTransport {
   // 256 in all), as the mount option threads=N bounds the requests served
   // at once: a caller's requests all go to its CPU's queue.
   // `served`: counts the requests served through a ring (may be null).
-  UringTransport(unsigned threads, std::atomic<uint64_t>* served);
+  // Serves `se`, mounted on `fuse_fd`, once Read and Writev are the
+  // session's I/O hooks (fs/server.cc installs them before the loop runs).
+  UringTransport(fuse_session* se, int fuse_fd, unsigned threads,
+                 std::atomic<uint64_t>* served);
   ~UringTransport();  // Stop()s, then frees the entries' buffers
   UringTransport(const UringTransport&) = delete;
   UringTransport& operator=(const UringTransport&) = delete;
-
-  // Installs the hooks on `se`, mounted on `fuse_fd`. Before the INIT
-  // request arrives, i.e. before the session loop starts.
-  Status Install(fuse_session* se, int fuse_fd);
 
   // Ends and joins the ring threads (each finishes the request it serves).
   // Idempotent. After it, requests a ring would get wait for the
   // connection's end (the unmount), as with libfuse's loop ended.
   void Stop();
 
-  // Ring threads started (after INIT, when offered), and registered
-  // queues: for the log.
-  bool started() const { return started_.load(std::memory_order_acquire); }
   // A request came through a ring: the kernel uses them.
   bool serving() const { return serving_.load(std::memory_order_acquire); }
   // Valid once serving().
   unsigned queues() const { return queues_; }
   unsigned threads_per_queue() const { return per_queue_; }
-  unsigned threads_started() const { return threads_started_; }
 
   // The libfuse hooks (through the session's userdata: fs/server.cc).
   ssize_t Read(int fd, void* buf, size_t len);
@@ -118,20 +112,22 @@ class UringTransport {
 
   const unsigned threads_wanted_;
   std::atomic<uint64_t>* const served_;
-  fuse_session* se_ = nullptr;
-  int fuse_fd_ = -1;
-  int stop_fd_ = -1;  // eventfd: readable once Stop() begins
+  fuse_session* const se_;
+  const int fuse_fd_;
+  // eventfd, readable once Stop() begins; made by StartThreads before any
+  // ring thread, which polls it.
+  int stop_fd_ = -1;
 
   // INIT as the kernel sent it (set by Read before libfuse replies).
   std::atomic<uint64_t> init_unique_{0};
   std::atomic<bool> offered_{false};
 
   Mutex mu_;
-  std::atomic<bool> started_{false};
+  bool started_ GUARDED_BY(mu_) = false;
   std::atomic<bool> serving_{false};  // a request came through a ring
-  unsigned queues_ = 0;           // set before started_
-  unsigned threads_started_ = 0;  // set before started_
-  unsigned per_queue_ = 0;        // set before started_
+  // Set by StartThreads before any ring thread; serving() publishes them.
+  unsigned queues_ = 0;
+  unsigned per_queue_ = 0;
   std::vector<std::unique_ptr<Entry>> entries_ GUARDED_BY(mu_);  // freed by the destructor
   std::vector<std::thread> threads_ GUARDED_BY(mu_);
   bool stopped_ GUARDED_BY(mu_) = false;

@@ -71,7 +71,7 @@ class ServerTest : public ::testing::Test {
       GTEST_SKIP() << "FUSE unavailable: " << why;
     }
     if (thinfs::testing::FuseIoUringUnderTest()) {
-      why = thinfs::testing::EnableFuseIoUring();
+      why = thinfs::testing::SetFuseIoUring(true);
       if (!why.empty()) {
         if (thinfs::testing::InCi()) FAIL() << "FUSE over io_uring is required: " << why;
         GTEST_SKIP() << "FUSE over io_uring unavailable: " << why;
@@ -1159,7 +1159,7 @@ class UringServerTest : public ServerTest {
   void SetUp() override {
     ServerTest::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
-    std::string why = thinfs::testing::EnableFuseIoUring();
+    std::string why = thinfs::testing::SetFuseIoUring(true);
     if (!why.empty()) {
       if (thinfs::testing::InCi()) FAIL() << "FUSE over io_uring is required under CI: " << why;
       GTEST_SKIP() << "FUSE over io_uring unavailable: " << why;

@@ -165,8 +165,6 @@ std::string SetFuseIoUring(bool on) {
   return knob.Set(on);
 }
 
-std::string EnableFuseIoUring() { return SetFuseIoUring(true); }
-
 std::string WithTransportUnderTest(const std::string& options) {
   if (!FuseIoUringUnderTest() || options.find("io_uring=") != std::string::npos) return options;
   return options.empty() ? "io_uring=on" : options + ",io_uring=on";
@@ -264,7 +262,7 @@ void E2eTest::SetUp() {
     GTEST_SKIP() << "FUSE unavailable: " << why;
   }
   if (FuseIoUringUnderTest()) {
-    why = EnableFuseIoUring();
+    why = SetFuseIoUring(true);
     if (!why.empty()) {
       if (InCi()) FAIL() << "FUSE over io_uring is required by this run under CI: " << why;
       GTEST_SKIP() << "FUSE over io_uring unavailable: " << why;

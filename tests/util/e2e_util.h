@@ -45,12 +45,10 @@ std::string LoopUnavailableReason();
 // (tests/CMakeLists.txt) set THINFS_TEST_FUSE_IO_URING=1: mounts then ask
 // for io_uring=on and the fixtures check that requests went through a ring.
 bool FuseIoUringUnderTest();
-// Sets /sys/module/fuse/parameters/enable_uring to Y for new mounts; the
-// value it had is put back when the test process exits. "" on success,
-// else why not (not root, a kernel before 6.14).
-std::string EnableFuseIoUring();
-// The same, to Y or N. Tests that set it hold the ctest resource lock
-// fuse_io_uring_knob (tests/test_costs.cmake).
+// Sets /sys/module/fuse/parameters/enable_uring to Y (`on`) or N for new
+// mounts; the value it had is put back when the test process exits. "" on
+// success, else why not (not root, a kernel before 6.14). Tests that set it
+// hold the ctest resource lock fuse_io_uring_knob (tests/test_costs.cmake).
 std::string SetFuseIoUring(bool on);
 // `options` (mount -o) plus io_uring=on under FuseIoUringUnderTest(),
 // unless they choose io_uring= themselves.
