@@ -321,6 +321,7 @@ struct Config {
   int read_snapshots = 100;
   uint64_t rand_reads = 30000;
   int seq_passes = 1;
+  bool recache = false;
   // (d)
   uint64_t io_volume = 512 * kMiB;
   uint64_t io_ops = 40000;
@@ -435,6 +436,19 @@ std::optional<BlockFolios> CountFolios(BenchPool& bp, VolumeId id, uint64_t vblo
 
 // ---- (b) origin reads with 0 vs N snapshots ---------------------------------
 
+// Drops the pool's data file from the host's page cache (its pages are clean
+// after a commit), so that the next reads cache it in pages the kernel
+// chooses afresh.
+void EvictData(BenchPool& bp) {
+  const std::string data = bp.root() + "/data";
+  const int fd = ::open(data.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::fdatasync(fd) != 0 || ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) != 0) {
+    std::fprintf(stderr, "engine_bench: evicting %s: %s\n", data.c_str(), std::strerror(errno));
+    std::exit(1);
+  }
+  ::close(fd);
+}
+
 // The origins of (b), in the order they are created and reported.
 constexpr const char* kReadOrigins[] = {"static0", "staticN",  "churn0",
                                         "churnN",  "control0", "shuffled0"};
@@ -507,6 +521,10 @@ void ReadsBench(const Config& c, Results* res, std::vector<MetaRow>* meta_rows) 
   for (auto& off : offsets) off = (rng() % (o / (4 * kKiB))) * 4 * kKiB;
   std::vector<std::byte> buf4k(4 * kKiB);
   for (int r = 0; r < c.rounds; ++r) {
+    if (c.recache) {
+      EvictData(bp);
+      for (size_t k = 0; k < names.size(); ++k) seq_pass(*vols[names[(r + k) % names.size()]]);
+    }
     for (size_t k = 0; k < names.size(); ++k) {
       const std::string& n = names[(r + k) % names.size()];
       Volume& v = *vols[n];
@@ -900,6 +918,8 @@ int Main(int argc, char** argv) {
       c.markdown_path = next();
     } else if (a == "--only") {
       c.only = next();
+    } else if (a == "--recache") {
+      c.recache = true;
     } else if (a == "--seq-passes") {
       c.seq_passes = std::atoi(next().c_str());
     } else if (a == "--rand-reads") {
@@ -909,11 +929,15 @@ int Main(int argc, char** argv) {
       std::printf(
           "usage: engine_bench [--quick] [--rounds N] [--dir DIR] [--json FILE]\n"
           "                    [--markdown FILE] [--only abcd] [--seq-passes N]\n"
-          "                    [--rand-reads N]\n"
+          "                    [--rand-reads N] [--recache]\n"
           "  --seq-passes N  (b): 1 MiB sequential passes over each origin per round\n"
           "                  (default 1)\n"
           "  --rand-reads N  (b): 4 KiB random reads of each origin per round\n"
-          "                  (default 30000, --quick 2000)\n");
+          "                  (default 30000, --quick 2000)\n"
+          "  --recache       (b): before every round drop the pool's data file from\n"
+          "                  the page cache and read every origin back in, so that\n"
+          "                  each round caches it in pages the kernel picks afresh\n"
+          "                  (by default the pages the writes filled are kept)\n");
       return 0;
     } else {
       std::fprintf(stderr, "engine_bench: unknown argument '%s'\n", a.c_str());

@@ -221,6 +221,29 @@ bool BlockDevice::PrefetchForRead(std::span<const Run>, uint64_t, std::span<std:
   return false;
 }
 
+Status BlockDevice::ReadPieces(std::span<const ReadPiece> pieces) {
+  const uint64_t bs = geometry().block_size();
+  for (const ReadPiece& p : pieces) {
+    uint64_t block = p.block.value, offset = p.offset;
+    size_t done = 0;
+    while (done < p.buf.size()) {
+      block += offset / bs;
+      offset %= bs;
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(bs - offset, p.buf.size() - done));
+      THINFS_RETURN_IF_ERROR(Read(PoolBlock(block), offset, p.buf.subspan(done, n)));
+      done += n;
+      offset += n;
+    }
+  }
+  return Status::Ok();
+}
+
+Status FileBlockDevice::ReadPieces(std::span<const ReadPiece> pieces) {
+  // One pread per piece, however many blocks it covers.
+  for (const ReadPiece& p : pieces) THINFS_RETURN_IF_ERROR(Read(p.block, p.offset, p.buf));
+  return Status::Ok();
+}
+
 bool FileBlockDevice::CachedAt(uint64_t offset) {
   if (cachestat_.load(std::memory_order_relaxed)) {
     Result<uint64_t> pages = CachedPages(fd_, offset, 1);

@@ -90,6 +90,19 @@ class BlockDevice {
   virtual bool PrefetchForRead(std::span<const Run> runs, uint64_t head,
                                std::span<std::byte> scratch);
 
+  // A piece of a read: buf.size() bytes from `offset` bytes into `block`,
+  // running on into the blocks after it when longer than the rest of it.
+  struct ReadPiece {
+    PoolBlock block;
+    uint64_t offset = 0;
+    std::span<std::byte> buf;
+  };
+  // Reads every piece, as Read() of each block it covers would. The default
+  // reads block by block; a file's device reads a piece with one pread, so
+  // that a read of consecutive blocks pays one system call, not one per
+  // block. REQUIRES: every piece inside the data area.
+  virtual Status ReadPieces(std::span<const ReadPiece> pieces);
+
   // Copies bytes [offset, offset + len) of block `from` to the same bytes of
   // block `to`, like Read then Write of them; durable after Sync() like a
   // write. Where the file system can share the data instead (a reflink:
@@ -136,6 +149,9 @@ class FileBlockDevice final : public BlockDevice {
   // hit (the read then goes unhinted).
   bool PrefetchForRead(std::span<const Run> runs, uint64_t head,
                        std::span<std::byte> scratch) override;
+  // One pread per piece (O_DIRECT: Read() of each), however many blocks it
+  // covers.
+  Status ReadPieces(std::span<const ReadPiece> pieces) override;
   // A reflink (FICLONERANGE) of the 4 KiB-aligned part of the range where
   // the data file's file system supports it (found at Open by cloning
   // within a scratch O_TMPFILE next to it), pread/pwrite for the rest.

@@ -755,6 +755,68 @@ struct Pool::Impl {
     return copies.Read(r.value.block, off, buf);
   }
 
+  // Reads `buf` from `offset` of vol, several blocks: every block's stripe
+  // is held shared from its resolve until the data is read, as ReadBlock
+  // holds one, and each run of consecutive pool blocks is read as one piece
+  // (one pread for a file: docs/benchmarks.md, lever 34). A block that owes
+  // its copy is read through `copies` on its own.
+  Status ReadBlocks(VolumeState& vol, uint64_t offset, std::span<std::byte> buf) {
+    const uint64_t first = geometry.BlockOf(offset);
+    const uint64_t last = geometry.BlocksFor(offset + buf.size());
+    // Taken in address order, as the clone path takes its two: a writer
+    // holds one stripe or two in that order, so no cycle of waits forms.
+    std::vector<SharedMutex*> stripes;
+    stripes.reserve(last - first);
+    for (uint64_t b = first; b < last; ++b) stripes.push_back(&Stripe(vol.id, b));
+    std::sort(stripes.begin(), stripes.end());
+    stripes.erase(std::unique(stripes.begin(), stripes.end()), stripes.end());
+    for (SharedMutex* m : stripes) m->LockShared();
+    struct Release {
+      std::vector<SharedMutex*>& held;
+      ~Release() {
+        for (auto it = held.rbegin(); it != held.rend(); ++it) (*it)->UnlockShared();
+      }
+    } release{stripes};
+
+    std::vector<BlockDevice::ReadPiece> pieces;
+    pieces.reserve(last - first);
+    const uint64_t bs = geometry.block_size();
+    size_t done = 0;
+    while (done < buf.size()) {
+      const uint64_t pos = offset + done;
+      const uint64_t b = geometry.BlockOf(pos);
+      const uint64_t off = geometry.OffsetInBlock(pos);
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(bs - off, buf.size() - done));
+      std::span<std::byte> out = buf.subspan(done, n);
+      done += n;
+      THINFS_ASSIGN_OR_RETURN(const Resolved r, CachedResolve(vol, b));
+      if (!r.mapped()) {
+        std::memset(out.data(), 0, out.size());
+        continue;
+      }
+      const PoolBlock pb = r.value.block;
+      // Under the stripe a mapped block cannot start owing a copy (only a
+      // new block does, before it is mapped), so one that owes none now is
+      // read straight from the data device.
+      if (copies.Owes(pb)) {
+        THINFS_RETURN_IF_ERROR(copies.Read(pb, off, out));
+        continue;
+      }
+      if (!pieces.empty()) {
+        BlockDevice::ReadPiece& prev = pieces.back();
+        const bool next_block =
+            off == 0 && geometry.BytesOf(pb.value) ==
+                            geometry.BytesOf(prev.block.value) + prev.offset + prev.buf.size();
+        if (next_block && prev.buf.data() + prev.buf.size() == out.data()) {
+          prev.buf = std::span<std::byte>(prev.buf.data(), prev.buf.size() + out.size());
+          continue;
+        }
+      }
+      pieces.push_back(BlockDevice::ReadPiece{pb, off, out});
+    }
+    return data->ReadPieces(pieces);
+  }
+
   // Asks the data device to start reading the pool blocks that vblocks
   // [first, last) of `vol` read from, one hint per run of consecutive pool
   // blocks, so that a read of several blocks waits for one batch of I/O
@@ -1518,14 +1580,11 @@ Result<size_t> Volume::Read(uint64_t offset, std::span<std::byte> buf) {
   if (end - first > 1) {
     p.PrefetchBlocks(st, first, end, p.geometry.OffsetInBlock(offset), buf.first(len));
   }
-  size_t done = 0;
-  while (done < len) {
-    uint64_t pos = offset + done;
-    uint64_t b = p.geometry.BlockOf(pos);
-    uint64_t off = p.geometry.OffsetInBlock(pos);
-    size_t n = static_cast<size_t>(std::min<uint64_t>(p.geometry.block_size() - off, len - done));
-    THINFS_RETURN_IF_ERROR(p.ReadBlock(st, b, off, buf.subspan(done, n)));
-    done += n;
+  if (end - first > 1) {
+    THINFS_RETURN_IF_ERROR(p.ReadBlocks(st, offset, buf.first(len)));
+  } else {
+    THINFS_RETURN_IF_ERROR(
+        p.ReadBlock(st, first, p.geometry.OffsetInBlock(offset), buf.first(len)));
   }
   return len;
 }

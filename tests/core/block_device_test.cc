@@ -16,8 +16,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
 #include <iostream>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -115,6 +117,58 @@ TEST_P(FileBlockDeviceTest, RoundTripAndZerosWhereNeverWritten) {
   EXPECT_TRUE(AllZero(ReadBack(**dev, 0, 0, bs)));   // hole inside the file
   EXPECT_TRUE(AllZero(ReadBack(**dev, 4, 0, bs)));   // hole between blocks
   EXPECT_TRUE(AllZero(ReadBack(**dev, 12, 0, bs)));  // past end of file
+}
+
+// ReadPieces reads a piece of several blocks (one pread for a file) as
+// Read() of each block would: across holes, into the blocks after its
+// first, past the end of the file; MemBlockDevice takes the default, block
+// by block. Pieces land in their own buffers, nothing beside them.
+TEST_P(FileBlockDeviceTest, ReadPiecesReadsWhatReadOfEachBlockReads) {
+  const uint64_t bs = GetParam();
+  TempDir dir;
+  const Geometry g(bs, 16);
+  auto file = FileBlockDevice::Open(CreateEmptyFile(dir.path() + "/data"), g, false, false);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  MemBlockDevice mem(g);
+  for (BlockDevice* dev : std::initializer_list<BlockDevice*>{file->get(), &mem}) {
+    for (uint64_t b : {1, 2, 3, 6, 7, 9}) {
+      ASSERT_TRUE(dev->Write(PoolBlock(b), 0, Pattern(bs, 100 + b)).ok());
+    }
+    // Block 8 partly written, 4, 5 and 10+ never (10+ past the file's end).
+    ASSERT_TRUE(dev->Write(PoolBlock(8), 10, Pattern(300, 8)).ok());
+    std::vector<std::byte> expect;
+    for (uint64_t b = 0; b < 16; ++b) {
+      std::vector<std::byte> v = ReadBack(*dev, b, 0, bs);
+      expect.insert(expect.end(), v.begin(), v.end());
+    }
+    // Pieces: mid block 1 to mid block 3; blocks 6-9 whole (8 half
+    // written); the tail of block 4 and block 5 (holes); blocks 12-13 past
+    // the end; a single byte of block 9. Guard bytes between them.
+    struct Want {
+      uint64_t block, offset, len;
+    };
+    const Want wants[] = {{1, bs / 3, 2 * bs},   {6, 0, 4 * bs},  {4, bs - 512, 512 + bs},
+                          {12, 0, 2 * bs}, {9, bs - 1, 1}};
+    std::vector<std::byte> buf(16 * bs, std::byte{0x5a});
+    std::vector<BlockDevice::ReadPiece> pieces;
+    std::vector<size_t> at;
+    size_t pos = 1;
+    for (const Want& w : wants) {
+      at.push_back(pos);
+      pieces.push_back({PoolBlock(w.block), w.offset, std::span(buf).subspan(pos, w.len)});
+      pos += w.len + 1;
+    }
+    ASSERT_TRUE(dev->ReadPieces(pieces).ok());
+    EXPECT_EQ(buf[0], std::byte{0x5a});
+    for (size_t i = 0; i < std::size(wants); ++i) {
+      const Want& w = wants[i];
+      const auto from = expect.begin() + static_cast<ptrdiff_t>(w.block * bs + w.offset);
+      EXPECT_TRUE(std::equal(from, from + static_cast<ptrdiff_t>(w.len),
+                             buf.begin() + static_cast<ptrdiff_t>(at[i])))
+          << "piece " << i << " block size " << bs;
+      EXPECT_EQ(buf[at[i] + w.len], std::byte{0x5a}) << "after piece " << i;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(BlockSizes, FileBlockDeviceTest,
