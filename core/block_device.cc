@@ -224,15 +224,13 @@ bool BlockDevice::PrefetchForRead(std::span<const Run>, uint64_t, std::span<std:
 Status BlockDevice::ReadPieces(std::span<const ReadPiece> pieces) {
   const uint64_t bs = geometry().block_size();
   for (const ReadPiece& p : pieces) {
-    uint64_t block = p.block.value, offset = p.offset;
-    size_t done = 0;
-    while (done < p.buf.size()) {
-      block += offset / bs;
-      offset %= bs;
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(bs - offset, p.buf.size() - done));
-      THINFS_RETURN_IF_ERROR(Read(PoolBlock(block), offset, p.buf.subspan(done, n)));
+    for (size_t done = 0; done < p.buf.size();) {
+      const uint64_t pos = p.offset + done;  // from the start of p.block
+      const uint64_t off = pos % bs;
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(bs - off, p.buf.size() - done));
+      THINFS_RETURN_IF_ERROR(
+          Read(PoolBlock(p.block.value + pos / bs), off, p.buf.subspan(done, n)));
       done += n;
-      offset += n;
     }
   }
   return Status::Ok();

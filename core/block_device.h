@@ -133,6 +133,7 @@ class FileBlockDevice final : public BlockDevice {
   FileBlockDevice(const FileBlockDevice&) = delete;
   FileBlockDevice& operator=(const FileBlockDevice&) = delete;
 
+  // Also any length that stays inside the data area (ReadPieces' pieces).
   Status Read(PoolBlock block, uint64_t offset, std::span<std::byte> buf) override;
   Status Write(PoolBlock block, uint64_t offset, std::span<const std::byte> buf) override;
   Status Sync() override;

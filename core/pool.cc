@@ -1586,18 +1586,17 @@ Result<size_t> Volume::Read(uint64_t offset, std::span<std::byte> buf) {
   if (offset >= size || buf.empty()) return size_t{0};
   size_t len = static_cast<size_t>(std::min<uint64_t>(buf.size(), size - offset));
   p.n_reads.fetch_add(1, std::memory_order_relaxed);
-  // Several blocks: let their cold reads overlap (docs/design.md, "Locking").
   const uint64_t first = p.geometry.BlockOf(offset);
   const uint64_t end = p.geometry.BlocksFor(offset + len);
-  if (end - first > 1) {
-    p.PrefetchBlocks(st, first, end, p.geometry.OffsetInBlock(offset), buf.first(len));
+  const std::span<std::byte> out = buf.first(len);
+  if (end - first == 1) {
+    THINFS_RETURN_IF_ERROR(p.ReadBlock(st, first, p.geometry.OffsetInBlock(offset), out));
+    return len;
   }
-  if (end - first > 1) {
-    THINFS_RETURN_IF_ERROR(p.ReadBlocks(st, offset, buf.first(len)));
-  } else {
-    THINFS_RETURN_IF_ERROR(
-        p.ReadBlock(st, first, p.geometry.OffsetInBlock(offset), buf.first(len)));
-  }
+  // Several blocks: let their cold reads overlap (docs/design.md, "Locking"),
+  // then read them a run at a time.
+  p.PrefetchBlocks(st, first, end, p.geometry.OffsetInBlock(offset), out);
+  THINFS_RETURN_IF_ERROR(p.ReadBlocks(st, offset, out));
   return len;
 }
 
