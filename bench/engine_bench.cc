@@ -183,7 +183,8 @@ std::string JsonEscape(const std::string& s) {
 
 class BenchPool {
  public:
-  BenchPool(const std::string& root, uint64_t size, uint64_t block_size, bool force_generic)
+  BenchPool(const std::string& root, uint64_t size, uint64_t block_size, bool force_generic,
+            bool mapped_reads)
       : root_(root) {
     std::error_code ec;
     std::filesystem::remove_all(root_, ec);
@@ -191,7 +192,9 @@ class BenchPool {
     fo.size = size;
     fo.block_size = block_size;
     Must(meta::FormatPool(root_, fo), "format " + root_);
-    files_ = Must(meta::OpenPoolFiles(root_, meta::OpenOptions{}), "open " + root_);
+    meta::OpenOptions oo;
+    oo.mapped_reads = mapped_reads;
+    files_ = Must(meta::OpenPoolFiles(root_, oo), "open " + root_);
     PoolOptions po;
     po.commit_interval = std::chrono::milliseconds(0);
     po.background_gc = false;
@@ -322,6 +325,7 @@ struct Config {
   uint64_t rand_reads = 30000;
   int seq_passes = 1;
   bool recache = false;
+  bool mapped_reads = false;  // every pool: meta::OpenOptions::mapped_reads
   // (d)
   uint64_t io_volume = 512 * kMiB;
   uint64_t io_ops = 40000;
@@ -359,7 +363,7 @@ void SnapshotBench(const Config& c, Results* res, std::vector<MetaRow>* meta_row
     std::vector<std::shared_ptr<Volume>> vols;
     for (uint64_t size : {c.snap_small, c.snap_large}) {
       pools.push_back(std::make_unique<BenchPool>(
-          c.dir + "/engine_bench_snap_" + std::to_string(size >> 20) + "m", size, bs, false));
+          c.dir + "/engine_bench_snap_" + std::to_string(size >> 20) + "m", size, bs, false, c.mapped_reads));
       vols.push_back(pools.back()->Create("origin", size));
       Fill(*vols.back(), size, bs, random_order, 7);
       Must(pools.back()->pool().Commit(), "commit");
@@ -460,7 +464,7 @@ void ReadsBench(const Config& c, Results* res, std::vector<MetaRow>* meta_rows) 
   const uint64_t churn = std::max<uint64_t>(1, blocks / 100);
   // Six origins + the COW copies of the churned one, with slack.
   const uint64_t pool_size = 6 * o + 2 * churn * bs * c.read_snapshots + 64 * bs;
-  BenchPool bp(c.dir + "/engine_bench_reads", pool_size, bs, false);
+  BenchPool bp(c.dir + "/engine_bench_reads", pool_size, bs, false, c.mapped_reads);
   // static0/staticN: never rewritten; churn0/churnN: 1% of blocks rewritten
   // (4 KiB at the block start, same blocks in both) after every snapshot of
   // churnN, so churnN's blocks carry up to N+1 versions. control0 is an A/A
@@ -601,7 +605,7 @@ void ThroughputBench(const Config& c, Results* res) {
                  g.label.c_str());
     pools.push_back(
         std::make_unique<BenchPool>(c.dir + "/engine_bench_io_" + g.key, size, g.block_size,
-                                    g.force_generic));
+                                    g.force_generic, c.mapped_reads));
     vols.push_back(pools.back()->Create("v", c.io_volume));
     Fill(*vols.back(), c.io_volume, g.block_size, false, 3);
     Must(pools.back()->pool().Commit(), "commit");
@@ -704,7 +708,11 @@ void Report(const Config& c, const std::string& cmdline, Results* res,
   out << c.rounds << " rounds, variants interleaved (order rotated every round); "
       << "each cell is the median (min–max) of the rounds, ratios are medians of "
       << "the per-round ratios (min–max). Real pools (FormatPool + OpenPoolFiles + Pool::Open) "
-      << "in `" << c.dir << "`, commit_interval 0, no background GC.\n\n";
+      << "in `" << c.dir << "`, commit_interval 0, no background GC"
+      << (c.mapped_reads ? ", mapped_reads on (reads of cached data copied out of a mapping "
+                           "of the data file)"
+                         : "")
+      << ".\n\n";
 
   if (c.only.find('a') != std::string::npos) {
     out << "### (a) Snapshot creation vs origin size (64 KiB blocks)\n\n"
@@ -920,6 +928,8 @@ int Main(int argc, char** argv) {
       c.only = next();
     } else if (a == "--recache") {
       c.recache = true;
+    } else if (a == "--mapped-reads") {
+      c.mapped_reads = true;
     } else if (a == "--seq-passes") {
       c.seq_passes = std::atoi(next().c_str());
     } else if (a == "--rand-reads") {
@@ -929,7 +939,7 @@ int Main(int argc, char** argv) {
       std::printf(
           "usage: engine_bench [--quick] [--rounds N] [--dir DIR] [--json FILE]\n"
           "                    [--markdown FILE] [--only abcd] [--seq-passes N]\n"
-          "                    [--rand-reads N] [--recache]\n"
+          "                    [--rand-reads N] [--recache] [--mapped-reads]\n"
           "  --seq-passes N  (b): 1 MiB sequential passes over each origin per round\n"
           "                  (default 1)\n"
           "  --rand-reads N  (b): 4 KiB random reads of each origin per round\n"
@@ -937,7 +947,9 @@ int Main(int argc, char** argv) {
           "  --recache       (b): before every round drop the pool's data file from\n"
           "                  the page cache and read every origin back in, so that\n"
           "                  each round caches it in pages the kernel picks afresh\n"
-          "                  (by default the pages the writes filled are kept)\n");
+          "                  (by default the pages the writes filled are kept)\n"
+          "  --mapped-reads  open every pool with mapped_reads (reads of cached data\n"
+          "                  copied out of a mapping of the data file, lever 35)\n");
       return 0;
     } else {
       std::fprintf(stderr, "engine_bench: unknown argument '%s'\n", a.c_str());

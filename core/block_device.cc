@@ -3,7 +3,10 @@
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <linux/fs.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -12,6 +15,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -90,7 +94,101 @@ Result<std::unique_ptr<FileBlockDevice>> FileBlockDevice::Open(const std::string
   return dev;
 }
 
-FileBlockDevice::~FileBlockDevice() { ::close(fd_); }
+FileBlockDevice::~FileBlockDevice() {
+  MutexLock lock(&mappings_mu_);
+  for (const std::unique_ptr<Mapping>& m : mappings_) {
+    ::munmap(const_cast<std::byte*>(m->base), m->len);
+  }
+  ::close(fd_);
+}
+
+// Reads out of a mapping of the data file (lever 35). A copy that touches a
+// page the kernel cannot provide, past the file's end or unreadable, raises
+// SIGBUS in the copying thread. The handler below turns that into a false
+// return of MappedCopy when the thread is inside one, and otherwise acts as
+// the handler it replaced (by default: the process dies of SIGBUS).
+namespace {
+
+[[gnu::tls_model("initial-exec")]] thread_local sigjmp_buf* t_mapped_copy = nullptr;
+struct sigaction g_previous_sigbus;
+
+void OnSigbus(int sig, siginfo_t* info, void* context) {
+  sigjmp_buf* jump = t_mapped_copy;
+  if (jump != nullptr) {
+    t_mapped_copy = nullptr;
+    siglongjmp(*jump, 1);
+  }
+  if ((g_previous_sigbus.sa_flags & SA_SIGINFO) != 0) {
+    g_previous_sigbus.sa_sigaction(sig, info, context);
+    return;
+  }
+  if (g_previous_sigbus.sa_handler != SIG_DFL && g_previous_sigbus.sa_handler != SIG_IGN) {
+    g_previous_sigbus.sa_handler(sig);
+    return;
+  }
+  // The default action, which a fault cannot ignore: die of SIGBUS.
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  ::sigaction(SIGBUS, &dfl, nullptr);
+  ::raise(SIGBUS);
+}
+
+void InstallSigbusHandler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = OnSigbus;
+    // SA_NODEFER: a siglongjmp out of the handler leaves SIGBUS unblocked
+    // without the system call that sigsetjmp(..., 1) would cost per copy.
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGBUS, &sa, &g_previous_sigbus);
+  });
+}
+
+// memcpy from a mapping; false if it faulted (dst then holds part of it).
+bool MappedCopy(std::byte* dst, const std::byte* src, size_t n) {
+  sigjmp_buf jump;
+  if (sigsetjmp(jump, 0) != 0) return false;
+  t_mapped_copy = &jump;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  std::memcpy(dst, src, n);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  t_mapped_copy = nullptr;
+  return true;
+}
+
+}  // namespace
+
+void FileBlockDevice::EnableMappedReads() {
+  if (direct_) return;
+  uint64_t len = geometry_.data_bytes();
+  struct stat st;
+  if (::fstat(fd_, &st) == 0) len = std::max(len, static_cast<uint64_t>(st.st_size));
+  MapUpTo(len);
+}
+
+void FileBlockDevice::MapUpTo(uint64_t len) {
+  MutexLock lock(&mappings_mu_);
+  const Mapping* current = mapping_.load();
+  if (len == 0 || (current != nullptr && current->len >= len)) return;
+  InstallSigbusHandler();
+  void* base = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd_, 0);
+  if (base == MAP_FAILED) return;
+  // A fault reads the page it lacks and nothing around it: the mapping is
+  // only read where the cache was found to hold the data, and read-around
+  // would read the disk's readahead size (2.5 MiB on the VMs of
+  // docs/benchmarks.md) per lost page. Only a hint: without it, more is read.
+  (void)::madvise(base, len, MADV_RANDOM);
+  mappings_.push_back(std::make_unique<Mapping>(Mapping{static_cast<std::byte*>(base), len}));
+  mapping_.store(mappings_.back().get());
+}
+
+bool FileBlockDevice::CopyMapped(uint64_t pos, std::span<std::byte> buf) const {
+  const Mapping* m = mapping_.load(std::memory_order_acquire);
+  if (m == nullptr || pos > m->len || buf.size() > m->len - pos) return false;
+  return MappedCopy(buf.data(), m->base + pos, buf.size());
+}
 
 namespace {
 
@@ -221,7 +319,7 @@ bool BlockDevice::PrefetchForRead(std::span<const Run>, uint64_t, std::span<std:
   return false;
 }
 
-Status BlockDevice::ReadPieces(std::span<const ReadPiece> pieces) {
+Status BlockDevice::ReadPieces(std::span<const ReadPiece> pieces, bool /*cached*/) {
   const uint64_t bs = geometry().block_size();
   for (const ReadPiece& p : pieces) {
     for (size_t done = 0; done < p.buf.size();) {
@@ -236,9 +334,12 @@ Status BlockDevice::ReadPieces(std::span<const ReadPiece> pieces) {
   return Status::Ok();
 }
 
-Status FileBlockDevice::ReadPieces(std::span<const ReadPiece> pieces) {
-  // One pread per piece, however many blocks it covers.
-  for (const ReadPiece& p : pieces) THINFS_RETURN_IF_ERROR(Read(p.block, p.offset, p.buf));
+Status FileBlockDevice::ReadPieces(std::span<const ReadPiece> pieces, bool cached) {
+  for (const ReadPiece& p : pieces) {
+    if (cached && CopyMapped(geometry_.BytesOf(p.block.value) + p.offset, p.buf)) continue;
+    // One pread, however many blocks the piece covers.
+    THINFS_RETURN_IF_ERROR(Read(p.block, p.offset, p.buf));
+  }
   return Status::Ok();
 }
 
@@ -347,7 +448,10 @@ Status FileBlockDevice::Grow(uint64_t new_data_blocks) {
   } else {
     have = static_cast<uint64_t>(st.st_size);
   }
-  if (have >= need) return Status::Ok();
+  if (have >= need) {
+    if (mapping_.load() != nullptr) MapUpTo(need);
+    return Status::Ok();
+  }
   if (is_blockdev_ || fixed_size_) {
     return Status::NoSpace(std::string("the data ") + (is_blockdev_ ? "device" : "file") +
                            " holds " + std::to_string(have) + " bytes, " + std::to_string(need) +
@@ -359,6 +463,7 @@ Status FileBlockDevice::Grow(uint64_t new_data_blocks) {
     return Status::FromErrno(errno, "extend data area");
   }
   if (::fsync(fd_) != 0) return Status::FromErrno(errno, "fsync data area");
+  if (!direct_) MapUpTo(need);
   return Status::Ok();
 }
 

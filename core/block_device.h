@@ -24,7 +24,9 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
+#include "core/mutex.h"
 #include "core/status.h"
 #include "core/types.h"
 
@@ -100,8 +102,12 @@ class BlockDevice {
   // Reads every piece, as Read() of each block it covers would. The default
   // reads block by block; a file's device reads a piece with one pread, so
   // that a read of consecutive blocks pays one system call, not one per
-  // block. REQUIRES: every piece inside the data area.
-  virtual Status ReadPieces(std::span<const ReadPiece> pieces);
+  // block, and when `cached` copies it out of a mapping of the file, which
+  // costs none. `cached`: the caller's probe found the pieces in the
+  // host's page cache (PrefetchForRead returned false), so that copying
+  // them will not wait for the disk; only a hint, the data read is the
+  // same either way. REQUIRES: every piece inside the data area.
+  virtual Status ReadPieces(std::span<const ReadPiece> pieces, bool cached);
 
   // Copies bytes [offset, offset + len) of block `from` to the same bytes of
   // block `to`, like Read then Write of them; durable after Sync() like a
@@ -150,9 +156,16 @@ class FileBlockDevice final : public BlockDevice {
   // hit (the read then goes unhinted).
   bool PrefetchForRead(std::span<const Run> runs, uint64_t head,
                        std::span<std::byte> scratch) override;
-  // One pread per piece (O_DIRECT: Read() of each), however many blocks it
-  // covers.
-  Status ReadPieces(std::span<const ReadPiece> pieces) override;
+  // When `cached` and EnableMappedReads() was called, a copy out of the
+  // data file's mapping for each piece
+  // (docs/benchmarks.md, lever 35): cached data costs no system call,
+  // however scattered. A page the cache lost after all is read alone (the
+  // mapping is MADV_RANDOM: no read-around). A piece the mapping does not
+  // cover, or whose copy faults (SIGBUS: past the file's end, or a page
+  // the kernel could not read), is one pread, which then reads zeros or
+  // fails as Read() would. Otherwise, and with O_DIRECT, one pread per
+  // piece (O_DIRECT: Read() of each).
+  Status ReadPieces(std::span<const ReadPiece> pieces, bool cached) override;
   // A reflink (FICLONERANGE) of the 4 KiB-aligned part of the range where
   // the data file's file system supports it (found at Open by cloning
   // within a scratch O_TMPFILE next to it), pread/pwrite for the rest.
@@ -164,12 +177,25 @@ class FileBlockDevice final : public BlockDevice {
   // Call before sharing the object.
   void DisableClones() { clone_.store(false); }
 
+  // Maps the file so that ReadPieces of cached data copies out of the
+  // mapping (lever 35; not with O_DIRECT, and nothing if mmap fails). Off
+  // by default: a page's first copy out of the mapping costs more than a
+  // pread of it, and pages the daemon has mapped stay cached through
+  // drop_caches. Call before sharing the object.
+  void EnableMappedReads();
+
   // A regular file that Grow() must not extend (one the user gave with
   // `format --data`: it is theirs to size). Call before sharing the object.
   void set_fixed_size(bool fixed) { fixed_size_ = fixed; }
 
   int fd() const { return fd_; }
   bool direct() const { return direct_; }
+  // How many bytes of the file ReadPieces can copy out of its mapping: 0
+  // without EnableMappedReads(), with O_DIRECT or when mmap failed.
+  uint64_t mapped_length() const {
+    const Mapping* m = mapping_.load();
+    return m == nullptr ? 0 : m->len;
+  }
 
  private:
   FileBlockDevice(int fd, const Geometry& g, bool direct, bool is_blockdev)
@@ -178,6 +204,19 @@ class FileBlockDevice final : public BlockDevice {
   // Whether the page holding byte `offset` of the file is in the page
   // cache (PrefetchForRead's probe).
   bool CachedAt(uint64_t offset);
+
+  // Maps the first `len` bytes of the file read-only, unless a mapping as
+  // long is current; a failed mmap leaves reads to pread.
+  void MapUpTo(uint64_t len);
+  // Copies `buf.size()` bytes from byte `pos` of the file out of the
+  // mapping; false when the mapping does not cover them or the copy
+  // faulted.
+  bool CopyMapped(uint64_t pos, std::span<std::byte> buf) const;
+
+  struct Mapping {
+    const std::byte* base = nullptr;
+    uint64_t len = 0;
+  };
 
   const int fd_;
   const Geometry geometry_;
@@ -189,6 +228,12 @@ class FileBlockDevice final : public BlockDevice {
   uint64_t clone_align_ = 4096;  // the file system's block size
   // CachedAt() may ask cachestat(2). Cleared once the kernel does not tell.
   std::atomic<bool> cachestat_{true};
+  // The longest mapping of the file, read by ReadPieces without a lock.
+  // Grow() maps the file again, longer, and earlier mappings stay until
+  // the device closes: a reader may still be copying out of one.
+  std::atomic<const Mapping*> mapping_{nullptr};
+  Mutex mappings_mu_;
+  std::vector<std::unique_ptr<Mapping>> mappings_ GUARDED_BY(mappings_mu_);
 };
 
 }  // namespace thinfs

@@ -780,9 +780,11 @@ struct Pool::Impl {
   // Reads `buf` from `offset` of vol, several blocks: every block's stripe
   // is held shared from its resolve until the data is read, as ReadBlock
   // holds one, and each run of consecutive pool blocks is read as one piece
-  // (one pread for a file: docs/benchmarks.md, lever 34). A block that owes
-  // its copy is read through `copies` on its own.
-  Status ReadBlocks(VolumeState& vol, uint64_t offset, std::span<std::byte> buf) {
+  // (one pread for a file, lever 34, or when `cached`, PrefetchBlocks'
+  // finding, one copy out of the file's mapping, lever 35:
+  // docs/benchmarks.md). A block that owes its copy is read through
+  // `copies` on its own.
+  Status ReadBlocks(VolumeState& vol, uint64_t offset, std::span<std::byte> buf, bool cached) {
     const uint64_t first = geometry.BlockOf(offset);
     const uint64_t last = geometry.BlocksFor(offset + buf.size());
     std::vector<SharedMutex*> stripes;
@@ -826,7 +828,7 @@ struct Pool::Impl {
       }
       pieces.push_back(BlockDevice::ReadPiece{pb, off, out});
     }
-    return data->ReadPieces(pieces);
+    return data->ReadPieces(pieces, cached);
   }
 
   // Asks the data device to start reading the pool blocks that vblocks
@@ -843,7 +845,9 @@ struct Pool::Impl {
   // kReadAheadBytes of the device's next blocks, hinted run by run, and
   // moves it on while it reads on in order (docs/benchmarks.md, lever 22).
   // REQUIRES: vol.io_mu held.
-  void PrefetchBlocks(VolumeState& vol, uint64_t first, uint64_t last, uint64_t head,
+  // Returns whether the data device's probe found the blocks cached (no
+  // hint was needed): then ReadBlocks may copy them out of its mapping.
+  bool PrefetchBlocks(VolumeState& vol, uint64_t first, uint64_t last, uint64_t head,
                       std::span<std::byte> scratch) {
     bool first_mapped = false;
     std::vector<BlockDevice::Run> runs = PoolRuns(vol, first, last, &first_mapped);
@@ -867,10 +871,12 @@ struct Pool::Impl {
       }
     }
     to = std::min(to, geometry.BlocksFor(vol.size.load()));
-    if (from >= to) return;
-    for (const BlockDevice::Run& r : PoolRuns(vol, from, to, nullptr)) {
-      data->Prefetch(r.first, r.count);
+    if (from < to) {
+      for (const BlockDevice::Run& r : PoolRuns(vol, from, to, nullptr)) {
+        data->Prefetch(r.first, r.count);
+      }
     }
+    return !cold;
   }
 
   // The runs of consecutive pool blocks that vblocks [first, last) of `vol`
@@ -1595,8 +1601,8 @@ Result<size_t> Volume::Read(uint64_t offset, std::span<std::byte> buf) {
   }
   // Several blocks: let their cold reads overlap (docs/design.md, "Locking"),
   // then read them a run at a time.
-  p.PrefetchBlocks(st, first, end, p.geometry.OffsetInBlock(offset), out);
-  THINFS_RETURN_IF_ERROR(p.ReadBlocks(st, offset, out));
+  const bool cached = p.PrefetchBlocks(st, first, end, p.geometry.OffsetInBlock(offset), out);
+  THINFS_RETURN_IF_ERROR(p.ReadBlocks(st, offset, out, cached));
   return len;
 }
 

@@ -47,6 +47,8 @@ struct MountOptions {
   bool background_copies = PoolOptions().background_copies;
   bool zero_detection = true;
   bool direct_io = false;  // O_DIRECT on the data file
+  // Cached data read out of a mapping of the data file (lever 35).
+  bool mapped_reads = false;
   // Copy-on-write copies as reflinks inside the data file where its file
   // system can (XFS, btrfs).
   bool reflink = true;

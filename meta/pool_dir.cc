@@ -492,6 +492,7 @@ Result<PoolFiles> OpenPoolFiles(const std::string& root, const OpenOptions& opti
   if (!data.ok()) return data.status().WithContext("data area");
   f.data = std::move(*data);
   if (!options.reflink) f.data->DisableClones();
+  if (options.mapped_reads) f.data->EnableMappedReads();
   // A --data target (pool/data a symlink) is the user's to size: grow
   // checks it is large enough instead of extending it.
   struct stat lst;

@@ -99,6 +99,9 @@ struct OpenOptions {
   // Copy-on-write copies may be reflinks where the data file's file system
   // can (FileBlockDevice::Copy); false: always read and written.
   bool reflink = true;
+  // Reads of cached data copied out of a mapping of the data file
+  // (FileBlockDevice::EnableMappedReads).
+  bool mapped_reads = false;
   size_t block_cache_bytes = 64 << 20;
 };
 

@@ -10,7 +10,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -231,6 +233,68 @@ TEST_F(FuseTest, DirectIoDataAreaServesUnalignedIo) {
   ASSERT_EQ(Unmount(), "");
   ASSERT_EQ(MountForeground(), "");
   EXPECT_EQ(ReadAt(Vol("v"), 777, n), Pattern(5, 0, n));
+}
+
+// The kB of `path` the process `pid` has mapped and resident, from
+// /proc/PID/smaps; -1 if it has no mapping of it.
+long MappedResidentKb(pid_t pid, const std::string& path) {
+  CommandResult r = RunCommand("awk -v f=" + ShellQuote(path) +
+                               " '$NF == f && $2 ~ /^r/ {m = 1; next} /^[0-9a-f]+-/ {m = 0}"
+                               " m && $1 == \"Rss:\" {kb += $2; seen = 1}"
+                               " END {print seen ? kb : -1}' /proc/" +
+                               std::to_string(pid) + "/smaps");
+  return std::strtol(r.output.c_str(), nullptr, 10);
+}
+
+// mapped_reads=on (lever 35): a read of several blocks whose data the host
+// caches is copied out of the daemon's mapping of pool/data. What it reads
+// is what was written: a snapshot's blocks shared with its origin, the
+// origin's copied-on-write blocks, and both again after more rewrites. The
+// mapping is really read (its resident pages in the daemon's smaps); with
+// the option off there is none.
+TEST_F(FuseTest, MappedReadsReadWhatWasWrittenThroughCopyOnWrite) {
+  FormatPool("64M");
+  const size_t size = 8 << 20;
+  std::vector<pid_t> daemons;
+  for (const bool mapped : {false, true}) {
+    ASSERT_EQ(MountForeground(mapped ? "mapped_reads=on" : ""), "");
+    daemons = FindMountDaemons(pool_);
+    ASSERT_EQ(daemons.size(), 1u);
+    if (!mapped) {
+      EXPECT_EQ(MappedResidentKb(daemons[0], pool_ + "/data"), -1);
+      ASSERT_EQ(Unmount(), "");
+    }
+  }
+  Truncate("v", "8M");
+  std::vector<char> origin = Pattern(7, 0, size);
+  WriteAt(Vol("v"), 0, origin, /*do_fsync=*/true);
+  for (int round = 0; round < 3; ++round) {
+    const std::string snap = "s" + std::to_string(round);
+    CommandResult r = Thinfs({"snapshot", pool_, "v", snap});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::vector<char> snapped = origin;
+    // 4 KiB into every other 64 KiB block: copy-on-write of half of them.
+    for (size_t off = static_cast<size_t>(round) * 4096 + 1000; off < size; off += 128 << 10) {
+      std::vector<char> part = Pattern(100 + static_cast<uint64_t>(round), off, 4096);
+      WriteAt(Vol("v"), off, part, /*do_fsync=*/false);
+      std::copy(part.begin(), part.end(), origin.begin() + static_cast<ptrdiff_t>(off));
+    }
+    // The snapshot was never read: its reads reach the daemon, and its
+    // blocks are cached in pool/data since they were written.
+    EXPECT_EQ(ReadAt(Vol(snap), 0, size), snapped) << snap;
+    // The origin's pages leave the mount's cache (not pool/data's), so
+    // that its read reaches the daemon too.
+    const int fd = open(Vol("v").c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    EXPECT_EQ(fsync(fd), 0);
+    EXPECT_EQ(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    close(fd);
+    EXPECT_EQ(ReadAt(Vol("v"), 0, size), origin) << "round " << round;
+  }
+  EXPECT_GT(MappedResidentKb(daemons[0], pool_ + "/data"), 0) << "the mapping was not read";
+  ASSERT_EQ(Unmount(), "");
+  CommandResult check = Thinfs({"check", pool_});
+  EXPECT_EQ(check.exit_code, 0) << check.output;
 }
 
 TEST_F(FuseTest, FullPoolReportsEnospcToTheWriter) {
