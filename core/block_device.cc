@@ -463,7 +463,7 @@ Status FileBlockDevice::Grow(uint64_t new_data_blocks) {
     return Status::FromErrno(errno, "extend data area");
   }
   if (::fsync(fd_) != 0) return Status::FromErrno(errno, "fsync data area");
-  if (!direct_) MapUpTo(need);
+  if (mapping_.load() != nullptr) MapUpTo(need);
   return Status::Ok();
 }
 

@@ -209,6 +209,12 @@ TEST_P(FileBlockDeviceTest, ReadPiecesSeeWritesDiscardsCopiesAndGrowth) {
 
   ASSERT_TRUE(d.Grow(64).ok());
   EXPECT_GE(d.mapped_length(), 64 * bs);
+  // A device that never enabled mapped reads does not map when it grows.
+  auto plain = FileBlockDevice::Open(CreateEmptyFile(dir.path() + "/plain"), Geometry(bs, 8),
+                                     false, false);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  ASSERT_TRUE((*plain)->Grow(64).ok());
+  EXPECT_EQ((*plain)->mapped_length(), 0u) << "Grow() mapped a device without mapped reads";
   ASSERT_TRUE(d.Write(PoolBlock(40), 0, Pattern(bs, 40)).ok());
   const BlockDevice::ReadPiece grown{PoolBlock(39), 0, buf};
   ASSERT_TRUE(d.ReadPieces({&grown, 1}, true).ok());
