@@ -363,7 +363,8 @@ void SnapshotBench(const Config& c, Results* res, std::vector<MetaRow>* meta_row
     std::vector<std::shared_ptr<Volume>> vols;
     for (uint64_t size : {c.snap_small, c.snap_large}) {
       pools.push_back(std::make_unique<BenchPool>(
-          c.dir + "/engine_bench_snap_" + std::to_string(size >> 20) + "m", size, bs, false, c.mapped_reads));
+          c.dir + "/engine_bench_snap_" + std::to_string(size >> 20) + "m", size, bs, false,
+          c.mapped_reads));
       vols.push_back(pools.back()->Create("origin", size));
       Fill(*vols.back(), size, bs, random_order, 7);
       Must(pools.back()->pool().Commit(), "commit");

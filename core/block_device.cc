@@ -161,11 +161,9 @@ bool MappedCopy(std::byte* dst, const std::byte* src, size_t n) {
 }  // namespace
 
 void FileBlockDevice::EnableMappedReads() {
-  if (direct_) return;
-  uint64_t len = geometry_.data_bytes();
-  struct stat st;
-  if (::fstat(fd_, &st) == 0) len = std::max(len, static_cast<uint64_t>(st.st_size));
-  MapUpTo(len);
+  // The data area at open; Grow() maps the blocks it adds (Pool::Open grows
+  // a device opened at an older size to the superblock's).
+  if (!direct_) MapUpTo(geometry_.data_bytes());
 }
 
 void FileBlockDevice::MapUpTo(uint64_t len) {
@@ -448,21 +446,20 @@ Status FileBlockDevice::Grow(uint64_t new_data_blocks) {
   } else {
     have = static_cast<uint64_t>(st.st_size);
   }
-  if (have >= need) {
-    if (mapping_.load() != nullptr) MapUpTo(need);
-    return Status::Ok();
+  if (have < need) {
+    if (is_blockdev_ || fixed_size_) {
+      return Status::NoSpace(std::string("the data ") + (is_blockdev_ ? "device" : "file") +
+                             " holds " + std::to_string(have) + " bytes, " +
+                             std::to_string(need) + " are needed: enlarge it first");
+    }
+    // A sparse extension: the new blocks cost nothing until written. The
+    // size must be durable before the bitmap names the new blocks.
+    if (::ftruncate(fd_, static_cast<off_t>(need)) != 0) {
+      return Status::FromErrno(errno, "extend data area");
+    }
+    if (::fsync(fd_) != 0) return Status::FromErrno(errno, "fsync data area");
   }
-  if (is_blockdev_ || fixed_size_) {
-    return Status::NoSpace(std::string("the data ") + (is_blockdev_ ? "device" : "file") +
-                           " holds " + std::to_string(have) + " bytes, " + std::to_string(need) +
-                           " are needed: enlarge it first");
-  }
-  // A sparse extension: the new blocks cost nothing until written. The
-  // size must be durable before the bitmap names the new blocks.
-  if (::ftruncate(fd_, static_cast<off_t>(need)) != 0) {
-    return Status::FromErrno(errno, "extend data area");
-  }
-  if (::fsync(fd_) != 0) return Status::FromErrno(errno, "fsync data area");
+  // Mapped reads reach the new blocks too.
   if (mapping_.load() != nullptr) MapUpTo(need);
   return Status::Ok();
 }

@@ -156,15 +156,14 @@ class FileBlockDevice final : public BlockDevice {
   // hit (the read then goes unhinted).
   bool PrefetchForRead(std::span<const Run> runs, uint64_t head,
                        std::span<std::byte> scratch) override;
-  // When `cached` and EnableMappedReads() was called, a copy out of the
-  // data file's mapping for each piece
-  // (docs/benchmarks.md, lever 35): cached data costs no system call,
-  // however scattered. A page the cache lost after all is read alone (the
-  // mapping is MADV_RANDOM: no read-around). A piece the mapping does not
-  // cover, or whose copy faults (SIGBUS: past the file's end, or a page
-  // the kernel could not read), is one pread, which then reads zeros or
-  // fails as Read() would. Otherwise, and with O_DIRECT, one pread per
-  // piece (O_DIRECT: Read() of each).
+  // One pread per piece (O_DIRECT: Read() of each). When `cached` and
+  // after EnableMappedReads(), a copy out of the data file's mapping
+  // instead (docs/benchmarks.md, lever 35), no system call however
+  // scattered; a page the cache lost after all is read alone (the mapping
+  // is MADV_RANDOM: no read-around). A piece the mapping does not cover,
+  // or whose copy faults (SIGBUS: past the file's end, or a page the kernel
+  // could not read), falls back to its pread, which reads zeros or fails as
+  // Read() would.
   Status ReadPieces(std::span<const ReadPiece> pieces, bool cached) override;
   // A reflink (FICLONERANGE) of the 4 KiB-aligned part of the range where
   // the data file's file system supports it (found at Open by cloning
