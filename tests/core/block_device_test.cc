@@ -177,9 +177,9 @@ TEST_P(FileBlockDeviceTest, ReadPiecesReadsWhatReadOfEachBlockReads) {
 }
 
 // ReadPieces of cached data copies out of a mapping of the file (lever 35),
-// and the
-// mapping follows the file: rewrites, hole punches and reflinks made after
-// it are what the next read sees, and Grow() maps the blocks it adds.
+// and the mapping follows the file: rewrites, hole punches and reflinks
+// made after it are what the next read sees, and Grow() maps the blocks it
+// adds (and maps nothing for a device that never enabled mapped reads).
 TEST_P(FileBlockDeviceTest, ReadPiecesSeeWritesDiscardsCopiesAndGrowth) {
   const uint64_t bs = GetParam();
   TempDir dir;
