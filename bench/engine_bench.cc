@@ -407,9 +407,11 @@ void SnapshotBench(const Config& c, Results* res, std::vector<MetaRow>* meta_row
 // on the block map. Pages not cached are counted apart and not faulted in.
 struct BlockFolios {
   uint64_t blocks = 0;    // mapped blocks looked at
-  uint64_t folios = 0;    // folios touched by a read of each, summed
-  uint64_t uncached = 0;  // pages not in the page cache
+  uint64_t folios = 0;       // folios touched by a read of each, summed
+  uint64_t folio_pages = 0;  // their sizes in 4 KiB pages, summed
+  uint64_t uncached = 0;     // pages not in the page cache
   double per_block() const { return blocks == 0 ? 0 : static_cast<double>(folios) / blocks; }
+  double mean_kib() const { return folios == 0 ? 0 : 4.0 * folio_pages / folios; }
 };
 
 // Nullopt (and why, on stderr) where the kernel does not tell.
@@ -433,6 +435,7 @@ std::optional<BlockFolios> CountFolios(BenchPool& bp, VolumeId id, uint64_t vblo
     }
     ++c.blocks;
     c.folios += fc->folios;
+    c.folio_pages += fc->folio_pages;
     c.uncached += fc->uncached;
   }
   ::close(fd);
@@ -518,6 +521,7 @@ void ReadsBench(const Config& c, Results* res, std::vector<MetaRow>* meta_rows) 
   for (const auto& n : names) {
     if (std::optional<BlockFolios> fc = CountFolios(bp, vols[n]->id(), blocks)) {
       res->scalars["b." + n + ".folios_per_block"] = fc->per_block();
+      res->scalars["b." + n + ".folio_kib"] = fc->mean_kib();
       res->scalars["b." + n + ".uncached_pages"] = static_cast<double>(fc->uncached);
     }
   }
@@ -800,6 +804,16 @@ void Report(const Config& c, const std::string& cmdline, Results* res,
       auto it = res->scalars.find("b." + n + ".folios_per_block");
       char cell[32] = "n/a";
       if (it != res->scalars.end()) std::snprintf(cell, sizeof cell, "%.2f", it->second);
+      out << " " << n << " " << cell << (i + 1 == std::size(kReadOrigins) ? ".\n" : ",");
+    }
+    out << "\nMean size of those folios, per origin (KiB; 64 = one folio per block, larger "
+           "folios hold several of the data file's blocks, and a read of a run of them "
+           "copies fewer folios per byte):";
+    for (size_t i = 0; i < std::size(kReadOrigins); ++i) {
+      const std::string n = kReadOrigins[i];
+      auto it = res->scalars.find("b." + n + ".folio_kib");
+      char cell[32] = "n/a";
+      if (it != res->scalars.end()) std::snprintf(cell, sizeof cell, "%.0f", it->second);
       out << " " << n << " " << cell << (i + 1 == std::size(kReadOrigins) ? ".\n" : ",");
     }
     out << "\n";

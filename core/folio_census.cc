@@ -13,7 +13,9 @@ Result<FolioCensus> CensusFolios(int fd, uint64_t offset, uint64_t len) {
   constexpr uint64_t kPage = 4096;
   constexpr uint64_t kPfnMask = (uint64_t{1} << 55) - 1;
   constexpr uint64_t kPresent = uint64_t{1} << 63;
+  constexpr uint64_t kHead = uint64_t{1} << 15;  // KPF_COMPOUND_HEAD
   constexpr uint64_t kTail = uint64_t{1} << 16;  // KPF_COMPOUND_TAIL
+  constexpr uint64_t kMaxFolioPages = 512;       // a PMD's worth: 2 MiB
   if (offset % kPage != 0 || len % kPage != 0) {
     return Status::InvalidArgument("folio census of an unaligned range");
   }
@@ -64,7 +66,30 @@ Result<FolioCensus> CensusFolios(int fd, uint64_t offset, uint64_t len) {
     }
     // A folio starts here, or (first page) one from before the range
     // reaches into it: either way a read of the range copies it.
-    if (!(flags & kTail) || i == 0) ++c.folios;
+    if (!(flags & kTail) || i == 0) {
+      ++c.folios;
+      uint64_t head = pfn;
+      if (flags & kTail) {
+        // Walk back to the head: a folio's frames are contiguous.
+        for (uint64_t back = 1; back < kMaxFolioPages && back <= pfn; ++back) {
+          uint64_t f = 0;
+          if (::pread(kflags, &f, 8, static_cast<off_t>((pfn - back) * 8)) != 8) break;
+          if (!(f & kTail)) {
+            head = pfn - back;
+            break;
+          }
+        }
+      }
+      uint64_t size = 1;
+      if (head != pfn || (flags & kHead)) {
+        // Its tail frames follow the head.
+        std::vector<uint64_t> next(kMaxFolioPages - 1);
+        const ssize_t got =
+            ::pread(kflags, next.data(), next.size() * 8, static_cast<off_t>((head + 1) * 8));
+        for (ssize_t k = 0; k < got / 8 && (next[static_cast<size_t>(k)] & kTail); ++k) ++size;
+      }
+      c.folio_pages += size;
+    }
   }
   return done(Status::Ok());
 }

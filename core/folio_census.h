@@ -20,6 +20,11 @@ namespace thinfs {
 struct FolioCensus {
   uint64_t folios = 0;    // folios a read of the range touches
   uint64_t uncached = 0;  // 4 KiB pages of the range not in the page cache
+  // The touched folios' sizes in 4 KiB pages, summed (whole folios, also
+  // where one reaches past the range): folio_pages / folios is their mean
+  // size. A large folio holding several blocks is copied by a read of
+  // them with less work per byte than one folio per block.
+  uint64_t folio_pages = 0;
 };
 
 // Counts the folios holding bytes [offset, offset + len) of `fd`, a regular

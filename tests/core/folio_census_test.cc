@@ -78,6 +78,32 @@ TEST_F(FolioCensusTest, PiecewiseWritesMakeNoFewerFolios) {
   EXPECT_EQ(Census(kBlock - kPage, kPage).uncached, 0u);
 }
 
+// The folios' sizes: the touched folios cover every cached page of the
+// range, and a folio reaching into the range counts whole. So their summed
+// size is at least the range's pages and at least their count, and a
+// page inside a folio of N pages reports N.
+TEST_F(FolioCensusTest, FolioSizesCoverTheRange) {
+  WriteAt(0, kBlock);
+  const FolioCensus whole = Census(0, kBlock);
+  ASSERT_EQ(whole.uncached, 0u);
+  EXPECT_GE(whole.folio_pages, kBlock / kPage);
+  EXPECT_GE(whole.folio_pages, whole.folios);
+  // Each page alone: the folio holding it, whole, so the mean over the
+  // pages is the block's pages per folio (16 in one folio, 1 in pages).
+  uint64_t sum = 0;
+  for (uint64_t p = 0; p < kBlock / kPage; ++p) {
+    const FolioCensus one = Census(p * kPage, kPage);
+    ASSERT_EQ(one.folios, 1u);
+    EXPECT_GE(one.folio_pages, 1u);
+    sum += one.folio_pages;
+  }
+  if (whole.folios == 1) {
+    EXPECT_EQ(sum, (kBlock / kPage) * whole.folio_pages) << "every page in the one folio";
+  } else {
+    EXPECT_GE(sum, kBlock / kPage);
+  }
+}
+
 TEST_F(FolioCensusTest, RefusesUnalignedRanges) {
   EXPECT_FALSE(CensusFolios(fd_, 1, kPage).ok());
   EXPECT_FALSE(CensusFolios(fd_, 0, kPage + 1).ok());
