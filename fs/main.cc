@@ -182,6 +182,7 @@ int OpenAndServe(const MountOptions& options, const std::string& pool_root,
   config.writeback_cache = options.writeback_cache;
   config.page_cache = options.page_cache;
   config.max_threads = options.threads;
+  config.uring_threads = options.uring_threads;
   config.io_uring = options.io_uring;
   config.max_idle_threads = std::min(config.max_idle_threads, options.threads);
   config.root_uid = root_st.st_uid;

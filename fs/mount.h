@@ -58,6 +58,9 @@ struct MountOptions {
   bool page_cache = true;
   // FUSE worker threads at most: how many requests are served at once.
   unsigned threads = 32;
+  // With FUSE over io_uring: ring threads per CPU queue, each serving one
+  // request at a time (docs/benchmarks.md, lever 36).
+  unsigned uring_threads = 16;
   // FUSE over io_uring (fs/uring.h): auto uses it when the kernel offers
   // it; on also refuses to mount when the kernel's knob is off.
   UringMode io_uring = UringMode::kAuto;
@@ -96,6 +99,8 @@ struct MountOptions {
 //   threads=N                   FUSE worker threads at most, 1-1024 (default 32)
 //   io_uring=auto|on|off        FUSE over io_uring where the kernel offers it
 //                               (default auto; on: fail to mount if it does not)
+//   uring_threads=N             ring threads per CPU queue with io_uring,
+//                               1-1024 (default 16; at most 256 in all)
 //   log_level=error|warning|info|debug
 //   low_water=SIZE|N%           warn (log, status) when free space falls below
 //                               SIZE bytes or N% (1-99) of the data area

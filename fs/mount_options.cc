@@ -178,6 +178,15 @@ Result<MountOptions> ParseMountOptions(const std::string& pool, const std::strin
         return Status::InvalidArgument("option threads: expected 1-1024, got '" + value + "'");
       }
       opts.threads = static_cast<unsigned>(n);
+    } else if (key == "uring_threads") {
+      THINFS_RETURN_IF_ERROR(require_value());
+      uint64_t n = 0;
+      std::string rest;
+      if (!ParseLeadingNumber(value, &n, &rest) || !rest.empty() || n < 1 || n > 1024) {
+        return Status::InvalidArgument("option uring_threads: expected 1-1024, got '" + value +
+                                       "'");
+      }
+      opts.uring_threads = static_cast<unsigned>(n);
     } else if (key == "low_water") {
       THINFS_RETURN_IF_ERROR(require_value());
       opts.low_water_bytes = 0;

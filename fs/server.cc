@@ -1188,7 +1188,7 @@ Status Serve(Pool* pool, const ServeConfig& config, std::function<void()> on_rea
   std::unique_ptr<UringTransport> uring;
   if (config.io_uring != UringMode::kOff) {
     int fd = fuse_session_fd(se);
-    uring = std::make_unique<UringTransport>(se, fd, config.max_threads, &server.counts().uring);
+    uring = std::make_unique<UringTransport>(se, fd, config.uring_threads, &server.counts().uring);
     server.set_uring(uring.get());
     fuse_custom_io io{};
     io.read = UringRead;

@@ -68,10 +68,16 @@ struct ServeConfig {
   // asynchronous requests queued. 32 serves a queue depth of 32; 64 was
   // slower on 4-job random read/write (docs/benchmarks.md, lever 8).
   unsigned max_threads = 32;
-  // FUSE over io_uring when the kernel offers it (fs/uring.h): each CPU's
-  // queue gets max_threads ring threads (at most 256 in all). The
-  // mount checks kOn; here it means the same as kAuto.
+  // FUSE over io_uring when the kernel offers it (fs/uring.h). The mount
+  // checks kOn; here it means the same as kAuto.
   UringMode io_uring = UringMode::kAuto;
+  // With io_uring: each CPU's queue gets this many ring threads (at most
+  // 256 in all; mount option uring_threads=N). A caller's requests all go
+  // to its CPU's queue, so this bounds what one thread has served at once.
+  // 32 served a queue depth of 32 from one thread at once, but every
+  // request of such a burst then woke its own thread, and 4 KiB reads at
+  // depth 32 ran 28-35% slower than with 16 (docs/benchmarks.md, lever 36).
+  unsigned uring_threads = 16;
   // Where to count requests; nullptr: the server keeps its own counts.
   RequestCounts* counts = nullptr;
 };

@@ -273,10 +273,13 @@ void UringTransport::StartThreads(uint32_t max_write, uint32_t max_pages) {
   size_t payload = std::max<size_t>({8192, max_write, size_t{max_pages} * page});
   payload = (payload + page - 1) / page * page;
   queues_ = PossibleCpus();
-  // A caller's requests all go to its CPU's queue: a queue depth of 32 from
-  // one thread needs 32 entries on that queue to be served at once, as
-  // threads=32 serves it through /dev/fuse. Bounded in all on large
-  // machines (each thread holds a max_write buffer, touched as used).
+  // A caller's requests all go to its CPU's queue, so `threads` (mount
+  // option uring_threads=N, default 16) bounds what one caller has served
+  // at once. 32, as threads=32 serves through /dev/fuse, had every request
+  // of a depth-32 burst wake a thread of its own, and such reads ran
+  // 28-35% slower than with 16 (docs/benchmarks.md, lever 36). Bounded in
+  // all on large machines (each thread holds a max_write buffer, touched
+  // as used).
   constexpr unsigned kMaxRingThreads = 256;
   unsigned per_queue = std::clamp(kMaxRingThreads / queues_, 1u, threads_wanted_);
   per_queue_ = per_queue;  // before any ring thread: serving() publishes it

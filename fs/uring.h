@@ -72,8 +72,9 @@ std::string UringUnavailableReason();
 class UringTransport {
  public:
   // `threads`: ring threads per CPU queue (fewer when there are more than
-  // 256 in all), as the mount option threads=N bounds the requests served
-  // at once: a caller's requests all go to its CPU's queue.
+  // 256 in all; mount option uring_threads=N): a caller's requests all go
+  // to its CPU's queue, so it bounds the requests of one caller served at
+  // once.
   // `served`: counts the requests served through a ring (may be null).
   // Serves `se`, mounted on `fuse_fd`, once Read and Writev are the
   // session's I/O hooks (fs/server.cc installs them before the loop runs).

@@ -358,6 +358,9 @@ TEST_F(FuseTest, IoUringOptionChoosesTheTransport) {
   for (const char* bad : {"io_uring=maybe", "io_uring"}) {
     ExpectRefusedBeforeMounting(bad, "io_uring");
   }
+  for (const char* bad : {"uring_threads=0", "uring_threads=1025", "uring_threads=x"}) {
+    ExpectRefusedBeforeMounting(bad, "uring_threads");
+  }
   std::string why = SetFuseIoUring(false);
   if (!why.empty()) {
     if (InCi()) FAIL() << "FUSE over io_uring is required under CI: " << why;
@@ -387,9 +390,22 @@ TEST_F(FuseTest, IoUringOptionChoosesTheTransport) {
   EXPECT_EQ(transport["kind"].string, "io_uring") << status.output;
   EXPECT_GT(transport["ring_requests"].AsUint(), 16u) << status.output;
   EXPECT_GE(transport["queues"].AsUint(), 1u) << status.output;
-  EXPECT_GE(transport["ring_threads_per_queue"].AsUint(), 1u) << status.output;
+  // Each CPU's queue gets uring_threads=N threads (default 16), fewer
+  // where that would make more than 256 in all.
+  const uint64_t queues = transport["queues"].AsUint();
+  EXPECT_EQ(transport["ring_threads_per_queue"].AsUint(), std::min<uint64_t>(16, 256 / queues))
+      << status.output;
   ASSERT_EQ(Unmount(), "");
   EXPECT_GT(UringRequestsInLog(Log()), 16) << Log();
+
+  ASSERT_EQ(MountForeground("io_uring=on,uring_threads=3"), "");
+  copy_and_compare();
+  status = Thinfs({"status", pool_, "--json"});
+  ASSERT_EQ(status.exit_code, 0) << status.output;
+  EXPECT_EQ(ParseJson(status.output)["fuse_transport"]["ring_threads_per_queue"].AsUint(), 3u)
+      << status.output;
+  ASSERT_EQ(Unmount(), "");
+  EXPECT_NE(Log().find(", 3 ring threads each"), std::string::npos) << Log();
 
   ASSERT_EQ(MountForeground("io_uring=off"), "");
   copy_and_compare();
