@@ -796,26 +796,25 @@ void Report(const Config& c, const std::string& cmdline, Results* res,
             << (g.unjudged != nullptr ? g.unjudged : Verdict(r, 0.95, false)) << " |\n";
       }
     }
-    out << "\nHost page-cache folios a read of one block copies, per origin, after the warm "
-           "pass (`/proc/kpageflags`; 1.00 = every 64 KiB block in one folio; a cached read "
-           "pays per folio):";
-    for (size_t i = 0; i < std::size(kReadOrigins); ++i) {
-      const std::string n = kReadOrigins[i];
-      auto it = res->scalars.find("b." + n + ".folios_per_block");
-      char cell[32] = "n/a";
-      if (it != res->scalars.end()) std::snprintf(cell, sizeof cell, "%.2f", it->second);
-      out << " " << n << " " << cell << (i + 1 == std::size(kReadOrigins) ? ".\n" : ",");
-    }
-    out << "\nMean size of those folios, per origin (KiB; 64 = one folio per block, larger "
-           "folios hold several of the data file's blocks, and a read of a run of them "
-           "copies fewer folios per byte):";
-    for (size_t i = 0; i < std::size(kReadOrigins); ++i) {
-      const std::string n = kReadOrigins[i];
-      auto it = res->scalars.find("b." + n + ".folio_kib");
-      char cell[32] = "n/a";
-      if (it != res->scalars.end()) std::snprintf(cell, sizeof cell, "%.0f", it->second);
-      out << " " << n << " " << cell << (i + 1 == std::size(kReadOrigins) ? ".\n" : ",");
-    }
+    // One sentence per census scalar: "<what>: static0 1.00, ..., shuffled0 1.00."
+    auto per_origin = [&](const char* what, const std::string& key, const char* format) {
+      out << what;
+      for (size_t i = 0; i < std::size(kReadOrigins); ++i) {
+        const std::string n = kReadOrigins[i];
+        auto it = res->scalars.find("b." + n + "." + key);
+        char cell[32] = "n/a";
+        if (it != res->scalars.end()) std::snprintf(cell, sizeof cell, format, it->second);
+        out << " " << n << " " << cell << (i + 1 == std::size(kReadOrigins) ? ".\n" : ",");
+      }
+    };
+    per_origin("\nHost page-cache folios a read of one block copies, per origin, after the warm "
+               "pass (`/proc/kpageflags`; 1.00 = every 64 KiB block in one folio; a cached read "
+               "pays per folio):",
+               "folios_per_block", "%.2f");
+    per_origin("\nMean size of those folios, per origin (KiB; 64 = one folio per block, larger "
+               "folios hold several of the data file's blocks, and a read of a run of them "
+               "copies fewer folios per byte):",
+               "folio_kib", "%.0f");
     out << "\n";
   }
 

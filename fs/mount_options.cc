@@ -36,6 +36,16 @@ bool ParseLeadingNumber(const std::string& s, uint64_t* value, std::string* rest
   return true;
 }
 
+// A thread count, 1-1024 (threads=, uring_threads=).
+Result<unsigned> ParseThreadCount(const std::string& key, const std::string& value) {
+  uint64_t n = 0;
+  std::string rest;
+  if (!ParseLeadingNumber(value, &n, &rest) || !rest.empty() || n < 1 || n > 1024) {
+    return Status::InvalidArgument("option " + key + ": expected 1-1024, got '" + value + "'");
+  }
+  return static_cast<unsigned>(n);
+}
+
 Result<bool> ParseBool(const std::string& key, const std::string& value) {
   if (value == "on" || value == "yes" || value == "true" || value == "1") return true;
   if (value == "off" || value == "no" || value == "false" || value == "0") return false;
@@ -172,21 +182,10 @@ Result<MountOptions> ParseMountOptions(const std::string& pool, const std::strin
       }
     } else if (key == "threads") {
       THINFS_RETURN_IF_ERROR(require_value());
-      uint64_t n = 0;
-      std::string rest;
-      if (!ParseLeadingNumber(value, &n, &rest) || !rest.empty() || n < 1 || n > 1024) {
-        return Status::InvalidArgument("option threads: expected 1-1024, got '" + value + "'");
-      }
-      opts.threads = static_cast<unsigned>(n);
+      THINFS_ASSIGN_OR_RETURN(opts.threads, ParseThreadCount(key, value));
     } else if (key == "uring_threads") {
       THINFS_RETURN_IF_ERROR(require_value());
-      uint64_t n = 0;
-      std::string rest;
-      if (!ParseLeadingNumber(value, &n, &rest) || !rest.empty() || n < 1 || n > 1024) {
-        return Status::InvalidArgument("option uring_threads: expected 1-1024, got '" + value +
-                                       "'");
-      }
-      opts.uring_threads = static_cast<unsigned>(n);
+      THINFS_ASSIGN_OR_RETURN(opts.uring_threads, ParseThreadCount(key, value));
     } else if (key == "low_water") {
       THINFS_RETURN_IF_ERROR(require_value());
       opts.low_water_bytes = 0;
