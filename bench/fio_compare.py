@@ -61,6 +61,7 @@ import platform  # noqa: E402
 import shlex  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
+import struct  # noqa: E402
 import time  # noqa: E402
 
 import fio_report  # noqa: E402
@@ -126,6 +127,33 @@ def fio(args, target, job, size, runtime, out_json):
             "IOPS": sum(s["iops"] for s in sides)}
 
 
+CPU_LATENCY = "/dev/cpu_dma_latency"
+NO_CPU_LATENCY_LIMIT = 2_000_000_000  # PM_QOS_CPU_LATENCY_DEFAULT_VALUE
+
+
+def cpu_latency_limit():
+    """The machine's CPU wake-up latency limit in µs (PM QoS: the lowest
+    any process holds through /dev/cpu_dma_latency), or None."""
+    try:
+        with open(CPU_LATENCY, "rb") as fh:
+            return struct.unpack("i", fh.read(4))[0]
+    except (OSError, struct.error):
+        return None
+
+
+def wait_cpu_latency(baseline):
+    """Waits up to 2 s for the limit to be back at `baseline`, its value
+    when the run started: a thinfs mounted with -o cpu_latency=USEC holds
+    it until 50-100 ms after its last request, and it must not run into
+    the next target's job. Returns the limit the job starts with."""
+    deadline = time.monotonic() + 2
+    v = cpu_latency_limit()
+    while v != baseline and time.monotonic() < deadline:
+        time.sleep(0.01)
+        v = cpu_latency_limit()
+    return v
+
+
 def prewrite(target, size):
     run(["fio", "--name=prewrite", f"--filename={target.fio_file}", "--rw=write",
          "--bs=1M", f"--size={size}", "--end_fsync=1", "--output-format=json",
@@ -148,6 +176,7 @@ def machine():
             "loadavg": loadavg(), "nproc": out(["nproc"]), "cpu": cpu,
             "kernel": platform.release(), "free_h": out(["free", "-h"]),
             "uring": read_uring_knob() or "absent",
+            "cpu_latency": cpu_latency_limit(),
             "fio": out(["fio", "--version"]),
             "qemu": out(["qemu-storage-daemon", "--version"]).split("\n")[0],
             "btrfs": out(["btrfs", "--version"])}
@@ -171,7 +200,10 @@ def report(args, cmdline, results, fs_type, mach, jobs, targets, stack_targets, 
     L = ["## fio through the whole stack: thinfs vs its peers\n",
          f"```\n{cmdline}\n```\n",
          f"- date: {mach['date']}; kernel {mach['kernel']} (FUSE over io_uring knob "
-         f"`enable_uring`: {mach['uring']}); {mach['nproc']} CPUs "
+         f"`enable_uring`: {mach['uring']}; CPU latency limit "
+         f"{'none' if mach['cpu_latency'] in (None, NO_CPU_LATENCY_LIMIT) else str(mach['cpu_latency']) + ' µs'}"
+         f"{', held by the suite for every target' if args.cpu_latency is not None else ''}); "
+         f"{mach['nproc']} CPUs "
          f"({mach['cpu']}); {mach['fio']}; {mach['qemu']}; {mach['btrfs']}; files on "
          f"{fs_type} (`{args.dir}`).",
          f"- load average (1/5/15 min) at start {mach['loadavg_start']}, at end "
@@ -327,6 +359,11 @@ def main():
                         "back after; thinfs uses the rings when it is on (its mount option "
                         "io_uring=auto), libfuse 3.14's passthrough and qemu 7.2 never do "
                         "(default keep; the report records its value)")
+    p.add_argument("--cpu-latency", type=int, default=None, metavar="USEC",
+                   help="hold the machine's CPU wake-up latency limit at USEC µs "
+                        f"({CPU_LATENCY}, PM QoS) for the whole run, every target alike; 0 "
+                        "makes idle CPUs poll instead of halting. What thinfs's mount option "
+                        "cpu_latency=USEC does for its own requests only (default: not held)")
     p.add_argument("--quick", action="store_true",
                    help="1 round, 32 MiB, 0.5 s jobs, 32/128 MiB snapshot origins, 3 "
                         "snapshot repetitions; check that every table is complete")
@@ -385,6 +422,12 @@ def main():
         + ("" if args.no_snapshots else
            f"; snapshot timing on {size_label(args.snap_sizes[0])}/"
            f"{size_label(args.snap_sizes[1])} origins") + ")")
+    latency_fd = None
+    if args.cpu_latency is not None:
+        # Held until this process exits: closing the file drops the limit.
+        latency_fd = os.open(CPU_LATENCY, os.O_WRONLY | os.O_CLOEXEC)
+        os.write(latency_fd, struct.pack("i", args.cpu_latency))
+        log(f"holding the CPU latency limit at {args.cpu_latency} µs for the run")
     knob_before = read_uring_knob()
     if args.fuse_io_uring != "keep":
         if knob_before is None:
@@ -395,6 +438,8 @@ def main():
     finally:
         if args.fuse_io_uring != "keep":
             set_uring_knob(knob_before)
+        if latency_fd is not None:
+            os.close(latency_fd)
 
 
 URING_KNOB = "/sys/module/fuse/parameters/enable_uring"
@@ -448,6 +493,10 @@ def main_with_knob(args, cmdline, jobs):
                         if target.reset:
                             target.reset()
                         settle(target, args.cache == "cold")
+                        limit = wait_cpu_latency(mach_start["cpu_latency"])
+                        if limit != mach_start["cpu_latency"]:
+                            log(f"warning: {t} {job[0]} starts with the CPU latency limit "
+                                f"at {limit} µs, {mach_start['cpu_latency']} at the start")
                         v = fio(args, target, job, args.size, args.runtime, out_json)
                         results[t][job[0]].append(v[job[5]])
                         log(f"round {r + 1}/{args.rounds} {job[0]:<15} {t:<17} "

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
@@ -21,6 +22,7 @@
 #include "core/mountinfo.h"
 #include "core/pool.h"
 #include "fs/control.h"
+#include "fs/cpu_latency.h"
 #include "fs/daemon.h"
 #include "fs/log.h"
 #include "fs/mount.h"
@@ -190,6 +192,23 @@ int OpenAndServe(const MountOptions& options, const std::string& pool_root,
   config.root_mtime_ns = int64_t{root_st.st_mtim.tv_sec} * 1'000'000'000 + root_st.st_mtim.tv_nsec;
   config.root_ctime_ns = int64_t{root_st.st_ctim.tv_sec} * 1'000'000'000 + root_st.st_ctim.tv_nsec;
 
+  // Closed after Serve: the ring threads and workers that touch it are gone.
+  std::unique_ptr<CpuLatencyHold> cpu_latency;
+  if (options.cpu_latency_us) {
+    Result<std::unique_ptr<CpuLatencyHold>> hold = CpuLatencyHold::Open(*options.cpu_latency_us);
+    if (!hold.ok()) {
+      startup.ReportFailure(hold.status().ToString() + " (the option needs write access to " +
+                            CpuLatencyHold::kDevice + ", as root)");
+      Status s = (*pool)->Close();
+      (void)s;
+      return 1;
+    }
+    cpu_latency = std::move(*hold);
+    config.cpu_latency = cpu_latency.get();
+    THINFS_LOG_INFO("cpu_latency: CPU wake-up latency held to %u µs while requests arrive",
+                    cpu_latency->usec());
+  }
+
   // The control socket lets the CLI manage the pool the daemon now owns.
   // It starts before the mount (requests that arrive early change the pool;
   // the mount shows the result when it appears) and stops before the close.
@@ -213,6 +232,12 @@ int OpenAndServe(const MountOptions& options, const std::string& pool_root,
 
   Status served = Serve(pool->get(), config, [&startup] { startup.ReportReady(); });
   (*control_server)->Stop();
+  if (cpu_latency) {
+    THINFS_LOG_INFO("cpu_latency: held %u µs %llu times, %.1f s in all", cpu_latency->usec(),
+                    static_cast<unsigned long long>(cpu_latency->times_set()),
+                    std::chrono::duration<double>(cpu_latency->time_held()).count());
+    cpu_latency.reset();
+  }
   bool was_ready = startup.reported();
   if (!served.ok() && !was_ready) {
     startup.ReportFailure(served.ToString());

@@ -18,6 +18,8 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <string>
 
 #include "core/admin.h"
@@ -64,6 +66,9 @@ struct MountOptions {
   // FUSE over io_uring (fs/uring.h): auto uses it when the kernel offers
   // it; on also refuses to mount when the kernel's knob is off.
   UringMode io_uring = UringMode::kAuto;
+  // While requests arrive, a CPU wake-up latency limit in µs for the whole
+  // machine (fs/cpu_latency.h); 0 makes idle CPUs poll. Unset: off.
+  std::optional<uint32_t> cpu_latency_us;
   std::string log_level = "info";
   // Low-water mark: an absolute size in bytes, or a percentage of the data
   // area at mount time (at most one is non-zero; both zero: off).
@@ -101,6 +106,10 @@ struct MountOptions {
 //                               (default auto; on: fail to mount if it does not)
 //   uring_threads=N             ring threads per CPU queue with io_uring,
 //                               1-1024 (default 16; at most 256 in all)
+//   cpu_latency=off|USEC        while requests arrive, hold the machine's CPU
+//                               wake-up latency to USEC µs (0: idle CPUs
+//                               poll); needs write access to
+//                               /dev/cpu_dma_latency (default off)
 //   log_level=error|warning|info|debug
 //   low_water=SIZE|N%           warn (log, status) when free space falls below
 //                               SIZE bytes or N% (1-99) of the data area

@@ -186,6 +186,18 @@ Result<MountOptions> ParseMountOptions(const std::string& pool, const std::strin
     } else if (key == "uring_threads") {
       THINFS_RETURN_IF_ERROR(require_value());
       THINFS_ASSIGN_OR_RETURN(opts.uring_threads, ParseThreadCount(key, value));
+    } else if (key == "cpu_latency") {
+      THINFS_RETURN_IF_ERROR(require_value());
+      uint64_t usec = 0;
+      std::string rest;
+      if (value == "off") {
+        opts.cpu_latency_us.reset();
+      } else if (ParseLeadingNumber(value, &usec, &rest) && rest.empty() && usec <= 1'000'000) {
+        opts.cpu_latency_us = static_cast<uint32_t>(usec);
+      } else {
+        return Status::InvalidArgument("option cpu_latency: expected off or 0-1000000 (µs), got '" +
+                                       value + "'");
+      }
     } else if (key == "low_water") {
       THINFS_RETURN_IF_ERROR(require_value());
       opts.low_water_bytes = 0;

@@ -409,6 +409,7 @@ void ReplyError(fuse_req_t req, const Status& s, const char* op) {
 // reply has been sent yet.
 template <typename Body>
 void Guarded(fuse_req_t req, const char* op, Body&& body) noexcept {
+  if (CpuLatencyHold* hold = ServerOf(req)->config().cpu_latency) hold->Touch();
   try {
     body();
   } catch (const std::bad_alloc&) {

@@ -23,6 +23,7 @@
 #include "core/pool.h"
 #include "core/status.h"
 #include "core/types.h"
+#include "fs/cpu_latency.h"
 #include "fs/uring.h"
 
 namespace thinfs::fs {
@@ -78,6 +79,9 @@ struct ServeConfig {
   // request of such a burst then woke its own thread, and 4 KiB reads at
   // depth 32 ran 28-35% slower than with 16 (docs/benchmarks.md, lever 36).
   unsigned uring_threads = 16;
+  // Told of every request, to hold a CPU latency limit while they arrive
+  // (mount option cpu_latency=USEC); null: off.
+  CpuLatencyHold* cpu_latency = nullptr;
   // Where to count requests; nullptr: the server keeps its own counts.
   RequestCounts* counts = nullptr;
 };

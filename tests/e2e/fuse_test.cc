@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <string>
@@ -348,6 +349,78 @@ TEST_F(FuseTest, ThreadsOptionSetsTheWorkerLimit) {
   ASSERT_EQ(Unmount(), "");
   ASSERT_EQ(MountForeground(), "");
   EXPECT_NE(Log().find("up to 32 worker threads"), std::string::npos) << Log();
+}
+
+// The machine's CPU latency limit now, in µs: what /dev/cpu_dma_latency
+// reads (the lowest any process holds), -1 if it cannot be read.
+int32_t CpuLatencyLimit() {
+  int fd = open("/dev/cpu_dma_latency", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  int32_t v = -1;
+  ssize_t n = read(fd, &v, sizeof v);
+  close(fd);
+  return n == static_cast<ssize_t>(sizeof v) ? v : -1;
+}
+
+// One 4 KiB O_DIRECT read of `path` (a FUSE request, never the page cache).
+bool DirectRead(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+  if (fd < 0) return false;
+  alignas(4096) static thread_local char buf[4096];
+  bool ok = pread(fd, buf, sizeof buf, 0) == static_cast<ssize_t>(sizeof buf);
+  close(fd);
+  return ok;
+}
+
+// -o cpu_latency=USEC (fs/cpu_latency.h): while requests arrive the
+// machine's CPU latency limit is USEC; a quiet spell lifts it, the next
+// request sets it again, and the unmount drops it. Bad values are refused
+// before anything is mounted.
+TEST_F(FuseTest, CpuLatencyOptionHoldsTheLimitWhileRequestsArrive) {
+  FormatPool("64M");
+  for (const char* bad : {"cpu_latency=x", "cpu_latency=1000001", "cpu_latency=-1", "cpu_latency"}) {
+    ExpectRefusedBeforeMounting(bad, "cpu_latency");
+  }
+  const int32_t before = CpuLatencyLimit();
+  ASSERT_GT(before, 7) << "/dev/cpu_dma_latency unreadable (-1), or another process holds the "
+                          "machine's CPU latency at or below 7 µs";
+  ASSERT_EQ(MountForeground("cpu_latency=7"), "");
+  Truncate("v", "4M");
+  std::atomic<bool> done{false};
+  std::atomic<int> reads{0};
+  std::thread reader([&] {
+    while (!done.load() && DirectRead(Vol("v"))) reads.fetch_add(1);
+  });
+  std::vector<int32_t> during;
+  for (int i = 0; i < 10; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    during.push_back(CpuLatencyLimit());
+  }
+  done.store(true);
+  reader.join();
+  EXPECT_GT(reads.load(), 10);
+  EXPECT_EQ(during, std::vector<int32_t>(10, 7)) << "limit not held while reads kept arriving";
+
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (CpuLatencyLimit() != before && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(CpuLatencyLimit(), before) << "limit not lifted after the requests stopped";
+  ASSERT_TRUE(DirectRead(Vol("v")));
+  EXPECT_EQ(CpuLatencyLimit(), 7) << "a request after a quiet spell did not set it again";
+  ASSERT_EQ(Unmount(), "");
+  EXPECT_EQ(CpuLatencyLimit(), before) << "limit left behind by the unmounted daemon";
+  EXPECT_NE(Log().find("cpu_latency: CPU wake-up latency held to 7 µs"), std::string::npos)
+      << Log();
+  EXPECT_NE(Log().find("cpu_latency: held 7 µs "), std::string::npos) << Log();
+
+  // A daemon killed while it holds the limit leaves none behind: the
+  // kernel drops the request with the daemon's open file.
+  ASSERT_EQ(MountForeground("cpu_latency=7"), "");
+  ASSERT_TRUE(DirectRead(Vol("v")));
+  ASSERT_EQ(CpuLatencyLimit(), 7);
+  KillDaemonHard();
+  EXPECT_EQ(CpuLatencyLimit(), before) << "limit left behind by a killed daemon";
 }
 
 // -o io_uring=auto|on|off (fs/uring.h): on refuses to mount while the
