@@ -427,6 +427,17 @@ std::string FormatStatusText(const PoolStatusReport& r) {
                           std::to_string(f.threads_per_queue) + " ring threads (" +
                           std::to_string(f.ring_requests) + " requests through the rings)"
                     : "/dev/fuse");
+    if (f.cpu_latency) {
+      char held[64];
+      std::snprintf(held, sizeof held, "set %llu times, %.1f s in all",
+                    static_cast<unsigned long long>(f.cpu_latency->times_set),
+                    static_cast<double>(f.cpu_latency->ms_held) / 1000);
+      line("cpu latency:", std::to_string(f.cpu_latency->usec) +
+                               " µs while requests arrive, " +
+                               (f.cpu_latency->held ? "held now (" : "not held now (") + held + ")");
+    } else {
+      line("cpu latency:", "not held (mount option cpu_latency=off)");
+    }
   }
   if (r.counters) {
     const PoolStats& c = *r.counters;
@@ -481,7 +492,19 @@ std::string FormatStatusJson(const PoolStatusReport& r) {
         .Key("queues").Uint(r.fuse->queues)
         .Key("ring_threads_per_queue").Uint(r.fuse->threads_per_queue)
         .Key("ring_requests").Uint(r.fuse->ring_requests)
-        .EndObject();
+        .Key("cpu_latency");
+    if (!r.fuse->cpu_latency) {
+      j.Null();
+    } else {
+      const CpuLatencyInfo& c = *r.fuse->cpu_latency;
+      j.BeginObject()
+          .Key("usec").Uint(c.usec)
+          .Key("held").Bool(c.held)
+          .Key("times_set").Uint(c.times_set)
+          .Key("ms_held").Uint(c.ms_held)
+          .EndObject();
+    }
+    j.EndObject();
   }
   if (r.counters) {
     const PoolStats& c = *r.counters;

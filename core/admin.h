@@ -30,12 +30,22 @@
 
 namespace thinfs {
 
+// A mount daemon's CPU latency limit (mount option cpu_latency=USEC,
+// fs/cpu_latency.h).
+struct CpuLatencyInfo {
+  uint32_t usec = 0;
+  bool held = false;        // held now (requests arrived in the last 50-100 ms)
+  uint64_t times_set = 0;   // since the mount
+  uint64_t ms_held = 0;     // in all since the mount, the span now running included
+};
+
 // How the kernel's FUSE requests reach a mount daemon (fs/uring.h).
 struct FuseTransportInfo {
   bool io_uring = false;           // through per-CPU rings, else /dev/fuse
   unsigned queues = 0;             // io_uring: the kernel's queues (one per CPU)
   unsigned threads_per_queue = 0;  // io_uring: ring threads serving each
   uint64_t ring_requests = 0;      // io_uring: requests served through the rings
+  std::optional<CpuLatencyInfo> cpu_latency;  // unset: the option is off
 };
 
 // What the caller knows beyond the Pool, and how it wants changes done.
@@ -101,7 +111,8 @@ std::string FormatStatusText(const PoolStatusReport& r);
 // transaction_id, bitmap_clean, low_water_blocks, below_low_water, mounted,
 // mountpoint (string or null), fuse_transport (null unless mounted, else
 // {kind: "io_uring" or "dev_fuse", queues, ring_threads_per_queue,
-// ring_requests}), and when mounted "counters": {reads, writes,
+// ring_requests, cpu_latency: null when the mount option is off, else
+// {usec, held, times_set, ms_held}}), and when mounted "counters": {reads, writes,
 // provisions, cow_copies, deferred_copies, discards, commits, data_syncs,
 // gc_backlog}.
 std::string FormatStatusJson(const PoolStatusReport& r);

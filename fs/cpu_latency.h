@@ -63,6 +63,7 @@ class CpuLatencyHold {
   }
 
   uint32_t usec() const { return usec_; }
+  bool held() const { return held_.load(std::memory_order_acquire); }
   // How many times the limit was set, and for how long in all (the span
   // now running included).
   uint64_t times_set() const;

@@ -1274,6 +1274,15 @@ FuseTransportInfo CurrentFuseTransport() {
   FuseTransportInfo info;
   MutexLock l(&g_session_mu);
   if (g_server == nullptr) return info;
+  if (const CpuLatencyHold* hold = g_server->config().cpu_latency) {
+    CpuLatencyInfo c;
+    c.usec = hold->usec();
+    c.held = hold->held();
+    c.times_set = hold->times_set();
+    c.ms_held = static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(hold->time_held()).count());
+    info.cpu_latency = c;
+  }
   // The transport outlives g_server (Serve clears it first).
   const UringTransport* uring = g_server->uring();
   if (uring == nullptr || !uring->serving()) return info;

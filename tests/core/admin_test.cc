@@ -265,6 +265,28 @@ TEST_F(AdminTest, StatusShowsTheFuseTransport) {
                       "requests through the rings)\n"),
             std::string::npos)
       << text;
+  EXPECT_EQ(v["fuse_transport"]["cpu_latency"].type, JsonValue::Type::kNull);
+  EXPECT_NE(text.find("cpu latency:     not held (mount option cpu_latency=off)\n"),
+            std::string::npos)
+      << text;
+
+  // With the mount option cpu_latency=USEC (fs/cpu_latency.h).
+  ctx_.fuse_transport = [] {
+    FuseTransportInfo f;
+    f.cpu_latency = CpuLatencyInfo{0, true, 3, 1260};
+    return f;
+  };
+  v = ParseJson(Run("status", {{"json", "1"}}).json);
+  JsonValue c = v["fuse_transport"]["cpu_latency"];
+  EXPECT_EQ(c["usec"].AsUint(), 0u);
+  EXPECT_TRUE(c["held"].boolean);
+  EXPECT_EQ(c["times_set"].AsUint(), 3u);
+  EXPECT_EQ(c["ms_held"].AsUint(), 1260u);
+  text = Run("status").text;
+  EXPECT_NE(text.find("cpu latency:     0 µs while requests arrive, held now (set 3 times, "
+                      "1.3 s in all)\n"),
+            std::string::npos)
+      << text;
 }
 
 TEST_F(AdminTest, StatusHasCounters) {

@@ -411,8 +411,21 @@ TEST_F(FuseTest, CpuLatencyOptionHoldsTheLimitWhileRequestsArrive) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_EQ(CpuLatencyLimit(), before) << "limit not lifted after the requests stopped";
+  CommandResult status = Thinfs({"status", pool_, "--json"});
+  ASSERT_EQ(status.exit_code, 0) << status.output;
+  JsonValue quiet = ParseJson(status.output)["fuse_transport"]["cpu_latency"];
+  EXPECT_EQ(quiet["usec"].AsUint(), 7u) << status.output;
+  EXPECT_FALSE(quiet["held"].boolean) << status.output;
+  EXPECT_GE(quiet["times_set"].AsUint(), 1u) << status.output;
+  EXPECT_GE(quiet["ms_held"].AsUint(), 300u) << status.output;  // the reads' 300 ms at least
   ASSERT_TRUE(DirectRead(Vol("v")));
   EXPECT_EQ(CpuLatencyLimit(), 7) << "a request after a quiet spell did not set it again";
+  status = Thinfs({"status", pool_, "--json"});
+  JsonValue again = ParseJson(status.output)["fuse_transport"]["cpu_latency"];
+  EXPECT_TRUE(again["held"].boolean) << status.output;
+  EXPECT_EQ(again["times_set"].AsUint(), quiet["times_set"].AsUint() + 1) << status.output;
+  EXPECT_NE(Thinfs({"status", pool_}).output.find("cpu latency:     7 µs while requests arrive"),
+            std::string::npos);
   ASSERT_EQ(Unmount(), "");
   EXPECT_EQ(CpuLatencyLimit(), before) << "limit left behind by the unmounted daemon";
   EXPECT_NE(Log().find("cpu_latency: CPU wake-up latency held to 7 µs"), std::string::npos)
