@@ -65,20 +65,20 @@ sample() {
 
 # Runs fio (the arguments) and prints "IOPS busy-µs-per-request poll-ms-per-s".
 measure() {
-  local b0 p0 b1 p1 t0 t1 iops hz
-  hz=$(getconf CLK_TCK)
+  local b0 p0 b1 p1 t0 t1
   read -r b0 p0 < <(sample)
   t0=$(date +%s%N)
   fio "$@" --runtime="$runtime" --time_based --output-format=json --output="$work/fio.json"
   t1=$(date +%s%N)
   read -r b1 p1 < <(sample)
-  iops=$(python3 -c "import json,sys; j=json.load(open(sys.argv[1]))['jobs'][0]; print(round(j['read']['iops'] + j['write']['iops']))" "$work/fio.json")
   python3 -c "
-import sys
-iops, b, p, ns, hz = (float(x) for x in sys.argv[1:])
+import json, sys
+j = json.load(open(sys.argv[1]))['jobs'][0]
+iops = j['read']['iops'] + j['write']['iops']
+b, p, ns, hz = (float(x) for x in sys.argv[2:])
 s = ns / 1e9
 print(f'{iops:8.0f} IOPS  {b / hz * 1e6 / (iops * s):6.1f} µs busy CPU/request  {p / 1e3 / s:6.1f} ms polled/s')
-" "$iops" "$((b1 - b0))" "$((p1 - p0))" "$((t1 - t0))" "$hz"
+" "$work/fio.json" "$((b1 - b0))" "$((p1 - p0))" "$((t1 - t0))" "$(getconf CLK_TCK)"
 }
 
 mkdir -p "$work/mnt"

@@ -141,6 +141,13 @@ def cpu_latency_limit():
         return None
 
 
+def cpu_latency_label(limit, by_suite):
+    """How the report's first line gives the limit the run started with."""
+    if limit in (None, NO_CPU_LATENCY_LIMIT):
+        return "none"
+    return f"{limit} µs" + (", held by the suite for every target" if by_suite else "")
+
+
 def wait_cpu_latency(baseline):
     """Waits up to 2 s for the limit to be back at `baseline`, its value
     when the run started: a thinfs mounted with -o cpu_latency=USEC holds
@@ -201,8 +208,7 @@ def report(args, cmdline, results, fs_type, mach, jobs, targets, stack_targets, 
          f"```\n{cmdline}\n```\n",
          f"- date: {mach['date']}; kernel {mach['kernel']} (FUSE over io_uring knob "
          f"`enable_uring`: {mach['uring']}; CPU latency limit "
-         f"{'none' if mach['cpu_latency'] in (None, NO_CPU_LATENCY_LIMIT) else str(mach['cpu_latency']) + ' µs'}"
-         f"{', held by the suite for every target' if args.cpu_latency is not None else ''}); "
+         f"{cpu_latency_label(mach['cpu_latency'], args.cpu_latency is not None)}); "
          f"{mach['nproc']} CPUs "
          f"({mach['cpu']}); {mach['fio']}; {mach['qemu']}; {mach['btrfs']}; files on "
          f"{fs_type} (`{args.dir}`).",

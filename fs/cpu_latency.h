@@ -19,7 +19,7 @@
 // periods after the last.
 //
 // Thread safety: Touch() may be called from any thread; it costs two
-// relaxed atomic loads when the limit is already held and a request came
+// atomic loads when the limit is already held and a request came
 // in the current period. The other members may be called from any thread.
 
 #ifndef THINFS_FS_CPU_LATENCY_H_
