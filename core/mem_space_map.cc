@@ -24,6 +24,33 @@ Result<PoolBlock> MemSpaceMap::Allocate() {
   return Status::NoSpace("no free block");
 }
 
+Result<PoolBlock> MemSpaceMap::AllocateRun(uint64_t max, uint64_t* count) {
+  THINFS_CHECK(max >= 1);
+  THINFS_ASSIGN_OR_RETURN(PoolBlock first, Allocate());
+  MutexLock l(&mu_);
+  uint64_t end = first.value + 1;
+  while (end < blocks_ && end - first.value < max && !used_[end]) {
+    used_[end] = true;
+    ++used_count_;
+    ++end;
+  }
+  if (end > first.value + 1) cursor_ = end;
+  *count = end - first.value;
+  return first;
+}
+
+void MemSpaceMap::Unallocate(PoolBlock first, uint64_t count) {
+  MutexLock l(&mu_);
+  THINFS_CHECK(count <= blocks_ && first.value <= blocks_ - count);
+  for (uint64_t b = first.value; b < first.value + count; ++b) {
+    THINFS_CHECK(used_[b]);
+    for (PoolBlock p : pending_) THINFS_CHECK(p.value != b);  // queued by Free()
+    used_[b] = false;
+    --used_count_;
+  }
+  if (cursor_ == first.value + count) cursor_ = first.value;
+}
+
 void MemSpaceMap::Free(PoolBlock block) {
   MutexLock l(&mu_);
   THINFS_CHECK(block.value < blocks_ && used_[block.value]);

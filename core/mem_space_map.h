@@ -22,6 +22,8 @@ class MemSpaceMap final : public SpaceMap {
   explicit MemSpaceMap(uint64_t blocks);
 
   Result<PoolBlock> Allocate() override;
+  Result<PoolBlock> AllocateRun(uint64_t max, uint64_t* count) override;
+  void Unallocate(PoolBlock first, uint64_t count) override;
   void Free(PoolBlock block) override;
   std::vector<PoolBlock> TakePendingFrees() override;
   void Release(const std::vector<PoolBlock>& blocks) override;

@@ -112,6 +112,14 @@ constexpr uint64_t kHeldCopyBytes = uint64_t{64} << 20;
 // How long it waits after a copy failed before it tries again (the commit
 // that fails on it stops the pool's writes first, most likely).
 constexpr std::chrono::milliseconds kCopierRetryDelay{1000};
+// A write request takes the new blocks it needs as one run of consecutive
+// pool blocks (docs/benchmarks.md, lever 38), at most this many, and only
+// while the pool has at least kRunFreeFactor times the run plus
+// kRunFreeMargin blocks free: a run's unused tail is held until its request
+// ends, and near full no request may go short for another's surplus.
+constexpr uint64_t kMaxRunBlocks = 1024;
+constexpr uint64_t kRunFreeFactor = 4;
+constexpr uint64_t kRunFreeMargin = 256;
 
 size_t HashKey(uint64_t dev, uint64_t vblock) {
   uint64_t h = dev * 0x9E3779B97F4A7C15ULL ^ (vblock + 0x632BE59BD9B4E019ULL);
@@ -589,6 +597,51 @@ struct Pool::Impl {
     return p;
   }
 
+  // The new blocks of one write request (lever 38). Blocks taken one at a
+  // time interleave when several requests allocate at once, as a loop
+  // device's or the kernel's write-back requests do, and a volume written
+  // front to back then lies in runs of one or two blocks. The unused tail
+  // goes back when the request ends.
+  class BlockRun {
+   public:
+    explicit BlockRun(Impl* pool) : pool_(pool) {}
+    ~BlockRun() {
+      if (left_ > 0) pool_->space->Unallocate(PoolBlock(next_), left_);
+    }
+    BlockRun(const BlockRun&) = delete;
+    BlockRun& operator=(const BlockRun&) = delete;
+
+    // A new block for the write of a block that `blocks_left` blocks of the
+    // request (itself included) follow.
+    Result<PoolBlock> Take(uint64_t blocks_left) {
+      if (left_ > 0) {
+        --left_;
+        return PoolBlock(next_++);
+      }
+      const uint64_t want = std::min(blocks_left, kMaxRunBlocks);
+      if (want < 2 || pool_->space->free_blocks() < kRunFreeFactor * want + kRunFreeMargin) {
+        return pool_->AllocateBlock();
+      }
+      uint64_t n = 0;
+      Result<PoolBlock> first = pool_->space->AllocateRun(want, &n);
+      if (!first.ok()) {
+        // Full after all (others took blocks meanwhile): the single
+        // allocation commits and waits as it always does.
+        if (first.status().IsNoSpace()) return pool_->AllocateBlock();
+        return first.status();
+      }
+      pool_->CheckLowWater();
+      next_ = first->value + 1;
+      left_ = n - 1;
+      return *first;
+    }
+
+   private:
+    Impl* const pool_;
+    uint64_t next_ = 0;
+    uint64_t left_ = 0;
+  };
+
   Result<PoolBlock> AllocateBlockOrWait() {
     Result<PoolBlock> p = space->Allocate();
     if (p.ok() || !p.status().IsNoSpace()) return p;
@@ -690,8 +743,11 @@ struct Pool::Impl {
     return InstallVersion(vol, b, e, own, before, MapValue{PoolBlock(), MapValue::kTombstone});
   }
 
-  // Writes `buf` at `off` inside block b of vol.
-  Status WriteBlock(VolumeState& vol, uint64_t b, uint64_t off, std::span<const std::byte> buf) {
+  // Writes `buf` at `off` inside block b of vol. A new block comes from
+  // `run` when given: the write of a request's block that `blocks_left`
+  // blocks of the request (b included) follow.
+  Status WriteBlock(VolumeState& vol, uint64_t b, uint64_t off, std::span<const std::byte> buf,
+                    BlockRun* run = nullptr, uint64_t blocks_left = 1) {
     const uint64_t bs = geometry.block_size();
     const bool whole = off == 0 && buf.size() == bs;
     WriterLock stripe(&Stripe(vol.id, b));
@@ -723,7 +779,7 @@ struct Pool::Impl {
       if (whole) return DiscardBlockLocked(vol, b);
       return Status::Ok();
     }
-    THINFS_ASSIGN_OR_RETURN(PoolBlock p, AllocateBlock());
+    THINFS_ASSIGN_OR_RETURN(PoolBlock p, run ? run->Take(blocks_left) : AllocateBlock());
     n_provisions.fetch_add(1, std::memory_order_relaxed);
     Status s;
     if (whole) {
@@ -1620,6 +1676,8 @@ Status Volume::Write(uint64_t offset, std::span<const std::byte> buf) {
   }
   p.n_writes.fetch_add(1, std::memory_order_relaxed);
   st.write_gen.fetch_add(1, std::memory_order_relaxed);
+  const uint64_t end = p.geometry.BlocksFor(offset + buf.size());
+  Pool::Impl::BlockRun run(&p);
   size_t done = 0;
   while (done < buf.size()) {
     uint64_t pos = offset + done;
@@ -1627,7 +1685,7 @@ Status Volume::Write(uint64_t offset, std::span<const std::byte> buf) {
     uint64_t off = p.geometry.OffsetInBlock(pos);
     size_t n =
         static_cast<size_t>(std::min<uint64_t>(p.geometry.block_size() - off, buf.size() - done));
-    THINFS_RETURN_IF_ERROR(p.WriteBlock(st, b, off, buf.subspan(done, n)));
+    THINFS_RETURN_IF_ERROR(p.WriteBlock(st, b, off, buf.subspan(done, n), &run, end - b));
     done += n;
   }
   st.TouchForWrite();
@@ -1657,6 +1715,7 @@ Status Volume::Provision(uint64_t offset, uint64_t length) {
   uint64_t first = p.geometry.BlockOf(offset);
   uint64_t last = p.geometry.BlocksFor(offset + length);
   st.write_gen.fetch_add(1, std::memory_order_relaxed);
+  Pool::Impl::BlockRun run(&p);
   for (uint64_t b = first; b < last; ++b) {
     WriterLock stripe(&p.Stripe(st.id, b));
     Epoch e = st.epoch.load();
@@ -1668,7 +1727,7 @@ Status Volume::Provision(uint64_t offset, uint64_t length) {
       THINFS_ASSIGN_OR_RETURN(before, p.ResolveParent(st, b));
     }
     if (before.mapped()) continue;
-    THINFS_ASSIGN_OR_RETURN(PoolBlock pb, p.AllocateBlock());
+    THINFS_ASSIGN_OR_RETURN(PoolBlock pb, run.Take(last - b));
     p.n_provisions.fetch_add(1, std::memory_order_relaxed);
     // No stale data: the block reads zeros (a punched hole where the data
     // area can, so preallocating a large range is cheap).

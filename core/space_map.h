@@ -34,6 +34,20 @@ class SpaceMap {
   // every block is used or pending free.
   virtual Result<PoolBlock> Allocate() = 0;
 
+  // Takes the block Allocate() would return and the free blocks right after
+  // it, up to `max` (≥ 1) in all and not past the end: one write request's
+  // new blocks lie together in the data area (docs/benchmarks.md, lever
+  // 38). Returns the first block and sets *count to how many were taken
+  // (≥ 1). kNoSpace as Allocate().
+  virtual Result<PoolBlock> AllocateRun(uint64_t max, uint64_t* count) = 0;
+
+  // Gives back [first, first + count) at once, without a commit: blocks
+  // taken by Allocate() or AllocateRun() that no metadata change ever
+  // referenced (the unused tail of a run). A bit the bitmap's write-back
+  // already carried to disk is over-reporting, which a crash may leave.
+  // REQUIRES: every block allocated and none queued by Free().
+  virtual void Unallocate(PoolBlock first, uint64_t count) = 0;
+
   // Queues `block` to be freed by the next commit.
   // REQUIRES: block is allocated and not already queued.
   virtual void Free(PoolBlock block) = 0;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cerrno>
@@ -422,6 +423,51 @@ Result<PoolBlock> BitmapSpaceMap::Allocate() {
   }
   // free_blocks_ said there was a zero bit.
   internal::CheckFailed(__FILE__, __LINE__, "free_blocks_ agrees with the bits");
+}
+
+Result<PoolBlock> BitmapSpaceMap::AllocateRun(uint64_t max, uint64_t* count) {
+  THINFS_CHECK(max >= 1);
+  THINFS_ASSIGN_OR_RETURN(PoolBlock first, Allocate());
+  MutexLock l(&mu_);
+  // Allocate() left the cursor just past `first`: take the free bits that
+  // follow, a word at a time, up to the first used one.
+  uint64_t end = first.value + 1;
+  const uint64_t limit = first.value + std::min<uint64_t>(max, nr_blocks_ - first.value);
+  while (end < limit) {
+    const uint64_t i = end >> 6;
+    const uint64_t shift = end & 63;
+    // Free bits from `end` on in this word, as ones from bit 0.
+    const uint64_t free_from_end = ~Word(i) >> shift;
+    uint64_t n = static_cast<uint64_t>(std::countr_one(free_from_end));
+    n = std::min({n, 64 - shift, limit - end});
+    if (n == 0) break;
+    const uint64_t mask = (n == 64 ? ~uint64_t{0} : ((uint64_t{1} << n) - 1)) << shift;
+    SetWord(i, Word(i) | mask);
+    end += n;
+    if (shift + n < 64 && end < limit) break;  // stopped at a used bit
+  }
+  const uint64_t extra = end - (first.value + 1);
+  free_blocks_ -= extra;
+  if (extra > 0) cursor_ = end == nr_blocks_ ? 0 : end;
+  *count = end - first.value;
+  return first;
+}
+
+void BitmapSpaceMap::Unallocate(PoolBlock first, uint64_t count) {
+  MutexLock l(&mu_);
+  THINFS_CHECK(!read_only_);
+  THINFS_CHECK(count <= nr_blocks_ && first.value <= nr_blocks_ - count);
+  for (uint64_t b = first.value; b < first.value + count; ++b) {
+    const uint64_t mask = uint64_t{1} << (b & 63);
+    THINFS_CHECK(TestBit(b));                           // not allocated
+    THINFS_CHECK((pending_bits_[b >> 6] & mask) == 0);  // queued by Free()
+    SetWord(b >> 6, Word(b >> 6) & ~mask);
+  }
+  free_blocks_ += count;
+  // The unused tail of the last run: the next allocation starts there again.
+  if (cursor_ == first.value + count || (cursor_ == 0 && first.value + count == nr_blocks_)) {
+    cursor_ = first.value;
+  }
 }
 
 void BitmapSpaceMap::Free(PoolBlock block) {

@@ -71,6 +71,8 @@ class BitmapSpaceMap final : public SpaceMap {
   // (MarkDirty() called); Allocate on a read-only map returns kReadOnly.
   // Block arguments REQUIRE block < total_blocks().
   Result<PoolBlock> Allocate() override;
+  Result<PoolBlock> AllocateRun(uint64_t max, uint64_t* count) override;
+  void Unallocate(PoolBlock first, uint64_t count) override;
   // REQUIRES: block is allocated and not already queued or taken.
   void Free(PoolBlock block) override;
   std::vector<PoolBlock> TakePendingFrees() override;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <barrier>
 #include <cstring>
 #include <mutex>
 #include <random>
@@ -360,6 +361,105 @@ TEST(PoolTest, Invariant3NoStaleData) {
       ASSERT_EQ(all[blk * kBs + i], std::byte{0}) << "stale byte in block " << blk;
     }
   }
+}
+
+// Lever 38: write requests that allocate at the same time each get their
+// new blocks as one run of consecutive pool blocks. The device holds every
+// thread's first data write until all four threads have taken their first
+// block, so blocks taken one at a time would interleave (fails so without
+// BlockRun).
+TEST(PoolTest, ConcurrentWriteRequestsEachGetOneRunOfBlocks) {
+  constexpr int kThreads = 4;
+  constexpr uint64_t kPerRequest = 16;
+  EngineFixture f(kBs, 1024);
+  ASSERT_TRUE(f.pool->CreateDevice("v", kThreads * kPerRequest * kBs).ok());
+  auto v = Open(*f.pool, "v");
+  std::barrier gate(kThreads);
+  f.data_forwarder->each_write = [&gate] {
+    thread_local bool waited = false;
+    if (!waited) {
+      waited = true;
+      gate.arrive_and_wait();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&v, t] {
+      auto data = Pattern(kPerRequest * kBs, static_cast<uint32_t>(t + 1));
+      EXPECT_OK(v->Write(static_cast<uint64_t>(t) * kPerRequest * kBs, data));
+    });
+  }
+  for (auto& t : threads) t.join();
+  f.data_forwarder->each_write = nullptr;
+  for (int t = 0; t < kThreads; ++t) {
+    const uint64_t first_vblock = static_cast<uint64_t>(t) * kPerRequest;
+    auto first = f.pool->MappedBlockForTesting(v->id(), first_vblock);
+    ASSERT_TRUE(first.ok() && *first);
+    for (uint64_t i = 1; i < kPerRequest; ++i) {
+      auto m = f.pool->MappedBlockForTesting(v->id(), first_vblock + i);
+      ASSERT_TRUE(m.ok() && *m);
+      EXPECT_EQ((*m)->value, (*first)->value + i) << "request " << t << ", block " << i;
+    }
+    std::vector<std::byte> got(kPerRequest * kBs);
+    ASSERT_TRUE(v->Read(first_vblock * kBs, got).ok());
+    EXPECT_EQ(got, Pattern(kPerRequest * kBs, static_cast<uint32_t>(t + 1)));
+  }
+  // No run's block is left over: the pool uses what the device maps.
+  EXPECT_EQ(f.pool->Stats().used_blocks, kThreads * kPerRequest);
+  ASSERT_OK(f.pool->Commit());
+  f.CheckConsistency(/*exact_usage=*/true);
+}
+
+// A request whose later blocks need no new block (overwritten in place)
+// gives the rest of its run back when it ends, and the next allocation
+// starts where the unused tail began.
+TEST(PoolTest, AWriteRequestGivesBackTheUnusedTailOfItsRun) {
+  EngineFixture f(kBs, 1024);
+  ASSERT_TRUE(f.pool->CreateDevice("v", 64 * kBs).ok());
+  auto v = Open(*f.pool, "v");
+  ASSERT_OK(v->Write(8 * kBs, Pattern(8 * kBs, 1)));  // blocks 8-15, in place below
+  ASSERT_EQ(f.pool->Stats().used_blocks, 8u);
+  // Blocks 0-7 new, 8-15 in place: the run of 16 taken at block 0 has 8 to spare.
+  ASSERT_OK(v->Write(0, Pattern(16 * kBs, 2)));
+  EXPECT_EQ(f.pool->Stats().used_blocks, 16u);
+  for (uint64_t b = 0; b < 16; ++b) EXPECT_TRUE(f.space->IsAllocated(PoolBlock(b))) << b;
+  for (uint64_t b = 16; b < 32; ++b) EXPECT_FALSE(f.space->IsAllocated(PoolBlock(b))) << b;
+  ASSERT_OK(v->Write(40 * kBs, Pattern(kBs, 3)));
+  auto m = f.pool->MappedBlockForTesting(v->id(), 40);
+  ASSERT_TRUE(m.ok() && *m);
+  EXPECT_EQ((*m)->value, 16u);
+  EXPECT_EQ(f.ReadAll("v").size(), 64 * kBs);
+  ASSERT_OK(f.pool->Commit());
+  f.CheckConsistency(/*exact_usage=*/true);
+}
+
+// Runs are not taken near full, where one request's spare blocks could make
+// another fail: concurrent requests fill a pool to its last block.
+TEST(PoolTest, ConcurrentWriteRequestsFillThePoolToTheLastBlock) {
+  constexpr uint64_t kBlocks = 512;
+  EngineFixture f(kBs, kBlocks);
+  ASSERT_TRUE(f.pool->CreateDevice("v", kBlocks * kBs).ok());
+  auto v = Open(*f.pool, "v");
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&v, t] {
+      // Thread t writes requests t, t + 4, ... of 16 blocks each.
+      for (uint64_t r = static_cast<uint64_t>(t); r < kBlocks / 16; r += 4) {
+        EXPECT_OK(v->Write(r * 16 * kBs, Pattern(16 * kBs, static_cast<uint32_t>(r + 1))));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(f.pool->Stats().used_blocks, kBlocks);
+  auto all = f.ReadAll("v");
+  for (uint64_t r = 0; r < kBlocks / 16; ++r) {
+    EXPECT_EQ(std::memcmp(all.data() + r * 16 * kBs,
+                          Pattern(16 * kBs, static_cast<uint32_t>(r + 1)).data(), 16 * kBs),
+              0)
+        << "request " << r;
+  }
+  ASSERT_OK(f.pool->Commit());
+  f.CheckConsistency(/*exact_usage=*/true);
 }
 
 // Invariant 4: a freed block is reusable only after the commit that freed it.

@@ -22,6 +22,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "meta/format.h"
@@ -251,9 +252,43 @@ TEST_F(BitmapSpaceMapTest, FreeCounterMatchesAModel) {
   auto m = CreateDirty(n);
   ASSERT_NE(m, nullptr);
   std::set<uint64_t> used, queued;
+  // Blocks of runs not yet written to: what Unallocate may give back.
+  std::vector<uint64_t> spare;
   std::vector<PoolBlock> in_flight;
   for (int step = 0; step < 20000; ++step) {
-    switch (rng() % 6) {
+    switch (rng() % 8) {
+      case 6: {
+        const uint64_t max = 1 + rng() % 100;
+        uint64_t count = 0;
+        Result<PoolBlock> r = m->AllocateRun(max, &count);
+        if (used.size() == n) {
+          ASSERT_TRUE(r.status().IsNoSpace());
+          break;
+        }
+        ASSERT_TRUE(r.ok()) << r.status().ToString();
+        ASSERT_GE(count, 1u);
+        ASSERT_LE(count, max);
+        ASSERT_LE(r->value + count, n);
+        for (uint64_t b = r->value; b < r->value + count; ++b) {
+          ASSERT_TRUE(used.insert(b).second) << "handed out twice: " << b;
+          if (rng() % 2 == 0) spare.push_back(b);
+        }
+        // Maximal: it stopped at max, the end, or a block in use.
+        const uint64_t end = r->value + count;
+        ASSERT_TRUE(count == max || end == n || used.count(end) == 1) << "stopped early at " << end;
+        break;
+      }
+      case 7: {
+        if (spare.empty()) break;
+        const size_t k = rng() % spare.size();
+        const uint64_t b = spare[k];
+        spare[k] = spare.back();
+        spare.pop_back();
+        if (queued.count(b) != 0 || used.count(b) == 0) break;
+        m->Unallocate(PoolBlock(b), 1);
+        used.erase(b);
+        break;
+      }
       case 0:
       case 1:
       case 2: {
@@ -322,6 +357,50 @@ TEST_F(BitmapSpaceMapTest, CursorContinuesAfterLastAllocationAndWraps) {
   b = m->Allocate();
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(b->value, 130u);
+}
+
+// AllocateRun (lever 38): the block Allocate() would return and the free
+// blocks after it, across words, up to a used block, `max` or the end.
+TEST_F(BitmapSpaceMapTest, AllocateRunTakesTheFreeBlocksThatFollow) {
+  auto m = CreateDirty(300);
+  ASSERT_NE(m, nullptr);
+  // The run AllocateRun(max) takes, as [first, first + count).
+  auto run = [&m](uint64_t max) -> std::pair<uint64_t, uint64_t> {
+    uint64_t count = 0;
+    Result<PoolBlock> r = m->AllocateRun(max, &count);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? std::pair{r->value, count} : std::pair{uint64_t{0}, uint64_t{0}};
+  };
+  using Run = std::pair<uint64_t, uint64_t>;
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(m->Allocate().ok());
+  m->MarkUsed(PoolBlock(150));
+  EXPECT_EQ(run(100), Run(3, 100));     // 3..102: across words 0 and 1
+  EXPECT_EQ(run(1000), Run(103, 47));   // stops before the used block 150
+  EXPECT_EQ(run(1000), Run(151, 149));  // stops at the end, no wrap
+  EXPECT_EQ(m->free_blocks(), 0u);
+  for (uint64_t b = 0; b < 300; ++b) EXPECT_TRUE(m->IsAllocated(PoolBlock(b))) << b;
+  uint64_t n = 0;
+  EXPECT_TRUE(m->AllocateRun(4, &n).status().IsNoSpace());
+
+  // The unused tail of the last run comes back at once, and the cursor
+  // goes back to where it began.
+  m->Unallocate(PoolBlock(200), 100);
+  EXPECT_EQ(m->free_blocks(), 100u);
+  Result<PoolBlock> b = m->Allocate();
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->value, 200u);
+  // A tail that is not the last run's leaves the cursor where it is.
+  m->Unallocate(PoolBlock(10), 20);
+  EXPECT_EQ(run(2), Run(201, 2));
+  EXPECT_EQ(run(1000), Run(203, 97));
+  // After a lap: a run up to a used block, one that ends with its word's
+  // last bit, and a run of one where the next block is used.
+  m->Unallocate(PoolBlock(128 + 60), 4);  // 188..191, the end of word 2
+  EXPECT_EQ(run(64), Run(10, 20));
+  EXPECT_EQ(run(64), Run(188, 4));
+  m->Unallocate(PoolBlock(250), 1);
+  m->Unallocate(PoolBlock(252), 1);
+  EXPECT_EQ(run(64), Run(250, 1));
 }
 
 TEST_F(BitmapSpaceMapTest, MarkUsedAndClearAllForRebuild) {
@@ -719,6 +798,21 @@ TEST_F(BitmapSpaceMapDeathTest, FreeOfUnallocatedOrQueuedBlockAborts) {
   EXPECT_DEATH(m->Release(taken), "check failed");
 }
 
+TEST_F(BitmapSpaceMapDeathTest, UnallocateOfAFreeOrQueuedBlockAborts) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto m = CreateDirty(100);
+  ASSERT_NE(m, nullptr);
+  uint64_t n = 0;
+  ASSERT_TRUE(m->AllocateRun(10, &n).ok());
+  ASSERT_EQ(n, 10u);
+  EXPECT_DEATH(m->Unallocate(PoolBlock(8), 3), "check failed");  // 10 is free
+  m->Free(PoolBlock(5));
+  EXPECT_DEATH(m->Unallocate(PoolBlock(4), 2), "check failed");   // 5 is queued
+  EXPECT_DEATH(m->Unallocate(PoolBlock(99), 2), "check failed");  // past the end
+  m->Unallocate(PoolBlock(6), 4);
+  EXPECT_EQ(m->free_blocks(), 94u);
+}
+
 TEST_F(BitmapSpaceMapDeathTest, ChangingACleanMapAborts) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   auto m = BitmapSpaceMap::Create(path_, 100, kBs);
@@ -754,14 +848,21 @@ TEST_F(BitmapSpaceMapTest, ConcurrentAllocateFreeNeverHandsOutABlockTwice) {
       std::vector<uint64_t> held;
       for (int i = 0; i < 50000; ++i) {
         if (held.empty() || rng() % 2 == 0) {
-          Result<PoolBlock> b = m->Allocate();
+          // Threads 1 and 2 take runs and give half of each straight back.
+          uint64_t count = 1;
+          Result<PoolBlock> b = t <= 2 ? m->AllocateRun(1 + rng() % 16, &count) : m->Allocate();
           if (!b.ok()) {
             ASSERT_TRUE(b.status().IsNoSpace());
             continue;
           }
-          int expected = 0;
-          if (!owner[b->value].compare_exchange_strong(expected, t)) ++double_allocs;
-          held.push_back(b->value);
+          for (uint64_t x = b->value; x < b->value + count; ++x) {
+            int expected = 0;
+            if (!owner[x].compare_exchange_strong(expected, t)) ++double_allocs;
+          }
+          const uint64_t keep = count - count / 2;
+          for (uint64_t x = b->value; x < b->value + keep; ++x) held.push_back(x);
+          for (uint64_t x = b->value + keep; x < b->value + count; ++x) owner[x].store(0);
+          if (count > keep) m->Unallocate(PoolBlock(b->value + keep), count - keep);
         } else {
           size_t k = rng() % held.size();
           uint64_t b = held[k];

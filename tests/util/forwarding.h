@@ -30,6 +30,7 @@ class ForwardingBlockDevice final : public BlockDevice {
       before_write = nullptr;
       hook();
     }
+    if (each_write) each_write();
     if (record_writes) {
       std::lock_guard<std::mutex> l(writes_mu);
       writes.push_back(WriteIo{b.value, o, buf.size()});
@@ -69,6 +70,9 @@ class ForwardingBlockDevice final : public BlockDevice {
   // (a test's way to act in the middle of an engine write). Set it only
   // while no write is running.
   std::function<void()> before_write;
+  // Run at the start of every Write, from the writing thread. Set it only
+  // while no write is running.
+  std::function<void()> each_write;
   // Reads that reached the device through this forwarder (not those a
   // Copy() makes inside the target).
   std::atomic<uint64_t> reads{0};
@@ -105,6 +109,10 @@ class ForwardingSpaceMap final : public SpaceMap {
  public:
   explicit ForwardingSpaceMap(SpaceMap* t) : t_(t) {}
   Result<PoolBlock> Allocate() override { return t_->Allocate(); }
+  Result<PoolBlock> AllocateRun(uint64_t max, uint64_t* count) override {
+    return t_->AllocateRun(max, count);
+  }
+  void Unallocate(PoolBlock first, uint64_t count) override { t_->Unallocate(first, count); }
   void Free(PoolBlock b) override { t_->Free(b); }
   std::vector<PoolBlock> TakePendingFrees() override { return t_->TakePendingFrees(); }
   void Release(const std::vector<PoolBlock>& b) override { t_->Release(b); }

@@ -124,6 +124,10 @@ class SnapshotSpaceMap final : public SpaceMap {
   }
 
   Result<PoolBlock> Allocate() override { return b_->Allocate(); }
+  Result<PoolBlock> AllocateRun(uint64_t max, uint64_t* count) override {
+    return b_->AllocateRun(max, count);
+  }
+  void Unallocate(PoolBlock first, uint64_t count) override { b_->Unallocate(first, count); }
   void Free(PoolBlock b) override { b_->Free(b); }
   std::vector<PoolBlock> TakePendingFrees() override { return b_->TakePendingFrees(); }
   void Release(const std::vector<PoolBlock>& b) override { b_->Release(b); }
