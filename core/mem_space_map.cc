@@ -11,6 +11,10 @@ MemSpaceMap::MemSpaceMap(uint64_t blocks)
 
 Result<PoolBlock> MemSpaceMap::Allocate() {
   MutexLock l(&mu_);
+  return AllocateLocked();
+}
+
+Result<PoolBlock> MemSpaceMap::AllocateLocked() {
   if (used_count_ == blocks_) return Status::NoSpace("no free block");
   for (uint64_t i = 0; i < blocks_; ++i) {
     uint64_t b = (cursor_ + i) % blocks_;
@@ -26,8 +30,8 @@ Result<PoolBlock> MemSpaceMap::Allocate() {
 
 Result<PoolBlock> MemSpaceMap::AllocateRun(uint64_t max, uint64_t* count) {
   THINFS_CHECK(max >= 1);
-  THINFS_ASSIGN_OR_RETURN(PoolBlock first, Allocate());
   MutexLock l(&mu_);
+  THINFS_ASSIGN_OR_RETURN(PoolBlock first, AllocateLocked());
   uint64_t end = first.value + 1;
   while (end < blocks_ && end - first.value < max && !used_[end]) {
     used_[end] = true;

@@ -46,6 +46,8 @@ class MemSpaceMap final : public SpaceMap {
   void FailNextSync();
 
  private:
+  Result<PoolBlock> AllocateLocked() REQUIRES(mu_);
+
   mutable Mutex mu_;
   uint64_t blocks_ GUARDED_BY(mu_);
   std::vector<bool> used_ GUARDED_BY(mu_);

@@ -397,6 +397,10 @@ Status BitmapSpaceMap::MsyncRange(std::byte* base, uint64_t offset, uint64_t len
 
 Result<PoolBlock> BitmapSpaceMap::Allocate() {
   MutexLock l(&mu_);
+  return AllocateLocked();
+}
+
+Result<PoolBlock> BitmapSpaceMap::AllocateLocked() {
   if (read_only_) return Status::ReadOnly("bitmap " + path_ + " is open read-only");
   THINFS_CHECK(!clean_);  // MarkDirty() first
   if (free_blocks_ == 0) {
@@ -427,19 +431,20 @@ Result<PoolBlock> BitmapSpaceMap::Allocate() {
 
 Result<PoolBlock> BitmapSpaceMap::AllocateRun(uint64_t max, uint64_t* count) {
   THINFS_CHECK(max >= 1);
-  THINFS_ASSIGN_OR_RETURN(PoolBlock first, Allocate());
   MutexLock l(&mu_);
-  // Allocate() left the cursor just past `first`: take the free bits that
-  // follow, a word at a time, up to the first used one.
+  THINFS_ASSIGN_OR_RETURN(PoolBlock first, AllocateLocked());
+  // Take the free bits that follow `first`, a word at a time, up to the
+  // first used one.
   uint64_t end = first.value + 1;
   const uint64_t limit = first.value + std::min<uint64_t>(max, nr_blocks_ - first.value);
   while (end < limit) {
     const uint64_t i = end >> 6;
     const uint64_t shift = end & 63;
-    // Free bits from `end` on in this word, as ones from bit 0.
+    // Free bits from `end` on in this word, as ones from bit 0 (at most
+    // 64 - shift: the shift brings in zeros).
     const uint64_t free_from_end = ~Word(i) >> shift;
-    uint64_t n = static_cast<uint64_t>(std::countr_one(free_from_end));
-    n = std::min({n, 64 - shift, limit - end});
+    const uint64_t n =
+        std::min<uint64_t>(static_cast<uint64_t>(std::countr_one(free_from_end)), limit - end);
     if (n == 0) break;
     const uint64_t mask = (n == 64 ? ~uint64_t{0} : ((uint64_t{1} << n) - 1)) << shift;
     SetWord(i, Word(i) | mask);

@@ -130,6 +130,8 @@ class BitmapSpaceMap final : public SpaceMap {
   BitmapSpaceMap(std::string path, int fd, bool read_only, uint64_t block_size, std::byte* base,
                  uint64_t map_len, uint64_t nr_blocks, uint64_t generation, bool clean);
 
+  // Allocate() with mu_ held (AllocateRun takes its first block so).
+  Result<PoolBlock> AllocateLocked() REQUIRES(mu_);
   uint64_t Word(uint64_t i) const REQUIRES(mu_);
   void SetWord(uint64_t i, uint64_t w) REQUIRES(mu_);
   bool TestBit(uint64_t block) const REQUIRES(mu_);
