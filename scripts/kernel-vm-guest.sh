@@ -13,11 +13,24 @@ ln -sf /proc/self/fd /dev/fd
 ln -sf /proc/self/fd/0 /dev/stdin
 ln -sf /proc/self/fd/1 /dev/stdout
 ln -sf /proc/self/fd/2 /dev/stderr
-mount -t ext4 /dev/vda /tmp && chmod 1777 /tmp
 dir=$(sed -n 's/.*thinfs_vm_dir=\([^ ]*\).*/\1/p' /proc/cmdline)
+# The scratch disk on /tmp hides the host's /tmp. A checkout there (README's
+# test command clones into `mktemp -d`) must still be found at its own
+# path: its top directory is bound back over the scratch disk.
+mkdir -p /run/host-tmp && mount --bind /tmp /run/host-tmp
+mount -t ext4 /dev/vda /tmp && chmod 1777 /tmp
+top=
+case $dir in
+  /tmp/?*)
+    top=${dir#/tmp/}
+    top=/tmp/${top%%/*}
+    mkdir -p "$top" && mount --bind "/run/host-tmp/${top#/tmp/}" "$top"
+    ;;
+esac
 echo "kernel-vm: running on $(uname -r)"
 cd / && bash "$dir/command.sh"
 echo "kernel-vm: exit status $?"
+[[ -n $top ]] && umount "$top"
 umount /tmp
 echo o > /proc/sysrq-trigger
 sleep 60
