@@ -61,6 +61,7 @@ std::optional<MountInfoEntry> ParseMountInfoLine(std::string_view line) {
   // allowed; the type and source may not.
   if (dash + 3 > f.size()) return std::nullopt;
   MountInfoEntry e;
+  e.device = std::string(f[2]);
   e.root = UnescapeMountField(f[3]);
   e.mountpoint = UnescapeMountField(f[4]);
   e.options = UnescapeMountField(f[5]);

@@ -33,8 +33,10 @@
 
 namespace thinfs {
 
-// One line of mountinfo, every field but the optional ones decoded.
+// One line of mountinfo, every field but the mount ids decoded.
 struct MountInfoEntry {
+  std::string device;         // the super block's "MAJ:MIN" (st_dev; the
+                              // name of its bdi in /sys/class/bdi)
   std::string root;           // the directory of the file system mounted
   std::string mountpoint;     // where, in this process's root
   std::string options;        // per-mount options: "rw,nosuid,relatime"

@@ -58,6 +58,9 @@ struct MountOptions {
   // The kernel's page cache for volume files; off: every open is direct I/O
   // (FOPEN_DIRECT_IO, with parallel direct writes), as if opened O_DIRECT.
   bool page_cache = true;
+  // The mount's readahead window (ServeConfig::readahead_bytes); 0: the
+  // kernel's default (128 KiB).
+  uint32_t readahead_bytes = 1 << 20;
   // FUSE worker threads at most: how many requests are served at once.
   unsigned threads = 32;
   // With FUSE over io_uring: ring threads per CPU queue, each serving one
@@ -101,6 +104,9 @@ struct MountOptions {
 //   page_cache=on|off           the kernel's page cache for volume files
 //                               (default on; off: every open is direct I/O;
 //                               not with writeback_cache=on)
+//   readahead=SIZE              the mount's readahead window: a multiple of 4K
+//                               up to 64M, 0 for the kernel's 128K (default
+//                               1M; needs root, else the kernel's stays)
 //   threads=N                   FUSE worker threads at most, 1-1024 (default 32)
 //   io_uring=auto|on|off        FUSE over io_uring where the kernel offers it
 //                               (default auto; on: fail to mount if it does not)

@@ -180,6 +180,15 @@ Result<MountOptions> ParseMountOptions(const std::string& pool, const std::strin
         return Status::InvalidArgument("option io_uring: expected auto, on or off, got '" +
                                        value + "'");
       }
+    } else if (key == "readahead") {
+      THINFS_RETURN_IF_ERROR(require_value());
+      size_t bytes = 0;
+      THINFS_ASSIGN_OR_RETURN(bytes, ParseSize(key, value));
+      if (bytes % 4096 != 0 || bytes > (size_t{64} << 20)) {
+        return Status::InvalidArgument("option readahead: expected 0 or a multiple of 4K up to "
+                                       "64M, got '" + value + "'");
+      }
+      opts.readahead_bytes = static_cast<uint32_t>(bytes);
     } else if (key == "threads") {
       THINFS_RETURN_IF_ERROR(require_value());
       THINFS_ASSIGN_OR_RETURN(opts.threads, ParseThreadCount(key, value));

@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/mountinfo.h"
 #include "core/mutex.h"
 #include "fs/errno_map.h"
 #include "fs/log.h"
@@ -440,6 +441,43 @@ bool IsRootChild(fuse_req_t req, fuse_ino_t parent) {
   return false;
 }
 
+// Sets the readahead window of the mount on config.mountpoint, which the
+// kernel made at mount(2) with the default of 128 KiB. Called at INIT,
+// before the reply: the kernel then takes the smaller of the window and the
+// reply's max_readahead, and every later open starts with it. Logs and
+// carries on with the kernel's window when it cannot (not root, no sysfs).
+void SetMountReadahead(const ServeConfig& config) {
+  Result<std::vector<MountInfoEntry>> mounts = ReadMountInfo();
+  if (!mounts.ok()) {
+    THINFS_LOG_WARNING("readahead not set: %s", mounts.status().ToString().c_str());
+    return;
+  }
+  const MountInfoEntry* ours = nullptr;
+  for (const MountInfoEntry& e : *mounts) {
+    if (e.fstype == kThinfsFsType && e.source == config.fsname &&
+        e.mountpoint == config.mountpoint) {
+      ours = &e;  // the last: the topmost of mounts stacked there
+    }
+  }
+  if (ours == nullptr) {
+    THINFS_LOG_WARNING("readahead not set: no mount of %s on %s in /proc/self/mountinfo",
+                       config.fsname.c_str(), config.mountpoint.c_str());
+    return;
+  }
+  const std::string path = "/sys/class/bdi/" + ours->device + "/read_ahead_kb";
+  const std::string kib = std::to_string(config.readahead_bytes / 1024);
+  int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  bool ok = fd >= 0 && write(fd, kib.data(), kib.size()) == static_cast<ssize_t>(kib.size());
+  const int err = errno;
+  if (fd >= 0) close(fd);
+  if (!ok) {
+    THINFS_LOG_INFO("readahead stays at the kernel's default: cannot write %s: %s",
+                    path.c_str(), strerror(err));
+    return;
+  }
+  THINFS_LOG_INFO("readahead %s KiB (%s)", kib.c_str(), path.c_str());
+}
+
 // --- Callbacks -----------------------------------------------------------------
 
 void OnInit(void* userdata, fuse_conn_info* conn) noexcept {
@@ -466,6 +504,10 @@ void OnInit(void* userdata, fuse_conn_info* conn) noexcept {
   // what a change bypassing the page cache made stale (PagesChanged,
   // NotifyInodeChanged) instead.
   conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
+  if (server->config().readahead_bytes != 0) {
+    conn->max_readahead = server->config().readahead_bytes;
+    SetMountReadahead(server->config());
+  }
   if (server->config().writeback_cache && !(conn->capable & FUSE_CAP_WRITEBACK_CACHE)) {
     THINFS_LOG_WARNING("kernel lacks the writeback cache; mounting without it");
   }

@@ -79,6 +79,13 @@ struct ServeConfig {
   // request of such a burst then woke its own thread, and 4 KiB reads at
   // depth 32 ran 28-35% slower than with 16 (docs/benchmarks.md, lever 36).
   unsigned uring_threads = 16;
+  // The mount's readahead window in bytes (mount option readahead=SIZE):
+  // the most the kernel reads ahead of a sequential reader of a volume
+  // file, and so the size of its read requests, up to max_write (1 MiB).
+  // The kernel's default for a FUSE mount is 128 KiB; a larger window is set
+  // at INIT through /sys/class/bdi/MAJ:MIN/read_ahead_kb, which needs root
+  // (docs/benchmarks.md, lever 40). 0 leaves the kernel's default.
+  uint32_t readahead_bytes = 0;
   // Told of every request, to hold a CPU latency limit while they arrive
   // (mount option cpu_latency=USEC); null: off.
   CpuLatencyHold* cpu_latency = nullptr;

@@ -43,6 +43,7 @@ TEST(MountInfoTest, ParsesEveryFieldAndOptionalFields) {
       "36 35 98:0 /mnt1 /mnt/par\\040ent rw,noatime shared:2 master:1 propagate_from:7 "
       "unbindable - ext3 /dev/ro\\011ot rw,errors=continue");
   ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->device, "98:0");
   EXPECT_EQ(e->root, "/mnt1");
   EXPECT_EQ(e->mountpoint, "/mnt/par ent");
   EXPECT_EQ(e->options, "rw,noatime");
@@ -58,6 +59,7 @@ TEST(MountInfoTest, NoOptionalFields) {
       ParseMountInfoLine("96 22 0:46 / /mnt/v rw,nosuid - fuse.thinfs thinfs:/srv/p rw");
   ASSERT_TRUE(e.has_value());
   EXPECT_TRUE(e->optional_fields.empty());
+  EXPECT_EQ(e->device, "0:46");
   EXPECT_EQ(e->mountpoint, "/mnt/v");
   EXPECT_EQ(e->fstype, "fuse.thinfs");
   EXPECT_EQ(e->source, "thinfs:/srv/p");

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -511,6 +512,39 @@ TEST_F(FuseTest, IoUringOptionChoosesTheTransport) {
   status = Thinfs({"status", pool_, "--json"});
   EXPECT_EQ(ParseJson(status.output)["fuse_transport"].type, JsonValue::Type::kNull)
       << status.output;
+}
+
+// -o readahead=SIZE (default 1M) sets the mount's readahead window in
+// sysfs, where anyone can read it; 0 leaves the kernel's 128 KiB. Values
+// that are not a multiple of 4K, or above 64M, are refused before mounting.
+TEST_F(FuseTest, ReadaheadOptionSetsTheMountsWindow) {
+  if (geteuid() != 0) {
+    if (InCi()) FAIL() << "CI runs as root";
+    GTEST_SKIP() << "a mount's readahead window can only be set by root";
+  }
+  FormatPool("64M");
+  for (const char* bad : {"readahead=5000", "readahead=65M", "readahead=x", "readahead"}) {
+    ExpectRefusedBeforeMounting(bad, "readahead");
+  }
+  auto window_kib = [&] {
+    struct stat st {};
+    EXPECT_EQ(stat(mnt_.c_str(), &st), 0) << strerror(errno);
+    CommandResult r = RunCommand("cat /sys/class/bdi/" + std::to_string(major(st.st_dev)) + ":" +
+                                 std::to_string(minor(st.st_dev)) + "/read_ahead_kb");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return std::atoi(r.output.c_str());
+  };
+  ASSERT_EQ(MountForeground(), "");
+  EXPECT_EQ(window_kib(), 1024);
+  EXPECT_NE(Log().find("readahead 1024 KiB"), std::string::npos) << Log();
+  ASSERT_EQ(Unmount(), "");
+  ASSERT_EQ(MountForeground("readahead=4M"), "");
+  EXPECT_EQ(window_kib(), 4096);
+  ASSERT_EQ(Unmount(), "");
+  ASSERT_EQ(MountForeground("readahead=0"), "");
+  EXPECT_EQ(window_kib(), 128);
+  EXPECT_EQ(Log().find("readahead 0 KiB"), std::string::npos) << Log();
+  ASSERT_EQ(Unmount(), "");
 }
 
 // -o page_cache=on|off reaches the daemon (it logs it at INIT); a bad value

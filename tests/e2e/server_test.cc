@@ -10,6 +10,7 @@
 #include <sys/syscall.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/statvfs.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -160,6 +161,7 @@ class ServerTest : public ::testing::Test {
     config.page_cache = page_cache_;
     config.io_uring = uring_mode_;
     config.uring_threads = uring_threads_;
+    config.readahead_bytes = readahead_bytes_;
     return config;
   }
 
@@ -210,6 +212,7 @@ class ServerTest : public ::testing::Test {
   Status serve_status_;
   mutable RequestCounts counts_;  // Config() is const
   bool page_cache_ = true;  // ServeConfig::page_cache of the next Mount()
+  uint32_t readahead_bytes_ = 0;  // ServeConfig::readahead_bytes of the next Mount()
   bool serving_ = false;
   uint64_t uring_before_test_ = 0;  // counts_.uring once the rings served
   unsigned uring_threads_ = ServeConfig{}.uring_threads;  // of the next Mount()
@@ -834,6 +837,77 @@ TEST_F(ServerTest, PageCacheOffReadsEveryTimeAndRefusesSharedMappings) {
   EXPECT_EQ(std::vector<char>(static_cast<char*>(priv) + 3, static_cast<char*>(priv) + 13),
             Pattern(2, 0, 10));
   munmap(priv, kBlockSize);
+}
+
+// ServeConfig::readahead_bytes (mount option readahead=SIZE) sets the
+// mount's readahead window, which sizes the read requests of a sequential
+// reader. Each test mounts, writes kSize bytes, drops the file's pages,
+// reads it back 64 KiB at a time and counts the read requests. Setting the
+// window writes sysfs, which needs root.
+class ReadaheadServerTest : public ServerTest {
+ protected:
+  static constexpr uint64_t kSize = 16 << 20;
+
+  void SetUp() override {
+    ServerTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    if (geteuid() != 0) {
+      if (thinfs::testing::InCi()) FAIL() << "CI runs as root";
+      GTEST_SKIP() << "a mount's readahead window can only be set by root";
+    }
+  }
+
+  // The mount's window as the kernel has it, in KiB.
+  int WindowKib() {
+    struct stat st {};
+    EXPECT_EQ(stat(mnt_.c_str(), &st), 0) << strerror(errno);
+    std::string path = "/sys/class/bdi/" + std::to_string(major(st.st_dev)) + ":" +
+                       std::to_string(minor(st.st_dev)) + "/read_ahead_kb";
+    CommandResult r = RunCommand("cat " + ShellQuote(path));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return std::atoi(r.output.c_str());
+  }
+
+  // Read requests of a cold sequential read of the whole file, which must
+  // read back what was written.
+  uint64_t ColdSequentialReadRequests() {
+    MakeFile("v", kSize);
+    const std::vector<char> want = Pattern(11, 0, kSize);
+    WriteAt("v", 0, want);
+    Fd fd(open(Path("v").c_str(), O_RDONLY));
+    EXPECT_GE(fd.get(), 0) << strerror(errno);
+    // The write left its pages cached (clean: FUSE writes through).
+    EXPECT_EQ(posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED), 0);
+    const uint64_t before = counts_.read.load();
+    std::vector<char> got(kSize);
+    constexpr size_t kChunk = 64 * 1024;
+    for (uint64_t off = 0; off < kSize; off += kChunk) {
+      EXPECT_EQ(read(fd.get(), got.data() + off, kChunk), static_cast<ssize_t>(kChunk))
+          << "at " << off << ": " << strerror(errno);
+    }
+    const uint64_t requests = counts_.read.load() - before;
+    EXPECT_TRUE(got == want) << "the file read back differs from what was written";
+    return requests;
+  }
+};
+
+// 1 MiB: the kernel ramps its window up to 1 MiB requests, about 16 for
+// 16 MiB and a few more while it ramps up.
+TEST_F(ReadaheadServerTest, AMegabyteWindowReadsInMegabyteRequests) {
+  readahead_bytes_ = 1 << 20;
+  Mount();
+  EXPECT_EQ(WindowKib(), 1024);
+  const uint64_t requests = ColdSequentialReadRequests();
+  EXPECT_GE(requests, kSize / (1 << 20));
+  EXPECT_LE(requests, 40u);
+}
+
+// 0 leaves the kernel's 128 KiB: at least 128 requests for 16 MiB.
+TEST_F(ReadaheadServerTest, NoWindowKeepsTheKernelsDefault) {
+  readahead_bytes_ = 0;
+  Mount();
+  EXPECT_EQ(WindowKib(), 128);
+  EXPECT_GE(ColdSequentialReadRequests(), kSize / (128 << 10));
 }
 
 TEST_F(ServerTest, SeekDataAndHoleFollowTheBlockMap) {
