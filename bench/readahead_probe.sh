@@ -3,12 +3,17 @@
 # 128 KiB against larger ones: the probe behind docs/benchmarks.md, lever
 # 40 (mount option readahead=SIZE).
 #
-#   bench/readahead_probe.sh [--rounds N] [--size SIZE] [--cold] [--dir DIR] THINFS_BINARY [KIB...]
+#   bench/readahead_probe.sh [--rounds N] [--size SIZE] [--cold] [--prefault SIZE] [--dir DIR]
+#                            THINFS_BINARY [KIB...]
 #
 # Formats a pool, mounts it, writes a SIZE volume (default 1G, fsynced) and
 # reads the pool's data file once, so that the host's page cache holds it
 # and no read waits for the disk; with --cold, every cache is dropped
-# before each read instead (drop_caches), so the daemon reads the disk. Per round (default 5) and window (KIB,
+# before each read instead (drop_caches), so the daemon reads the disk.
+# With --prefault SIZE, SIZE bytes are written to a file in /dev/shm and
+# the file removed right before each read: on a VM whose balloon reports
+# free pages to the host (docs/benchmarks.md, lever 39), the pages the read
+# then caches into are backed again instead of faulting in the host. Per round (default 5) and window (KIB,
 # default 128 1024: the kernel's default and thinfs's), the window is
 # written to the mount's /sys/class/bdi/MAJ:MIN/read_ahead_kb, the volume
 # file's pages are dropped (dd iflag=nocache) and fio reads it 1 MiB at a
@@ -21,19 +26,20 @@ set -euo pipefail
 # shellcheck source=bench/benchlib.sh
 source "$(dirname "$0")/benchlib.sh"
 
-rounds=5 size=1G cold=0 work=/var/tmp/readahead_probe
+rounds=5 size=1G cold=0 prefault= work=/var/tmp/readahead_probe
 while [[ $# -gt 0 && $1 == --* ]]; do
   case $1 in
     --dir) work=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --size) size=$2; shift 2 ;;
     --cold) cold=1; shift ;;
-    -h | --help) header_usage 20; exit 0 ;;
+    --prefault) prefault=$2; shift 2 ;;
+    -h | --help) header_usage 26; exit 0 ;;
     *) echo "readahead_probe: unknown option $1" >&2; exit 2 ;;
   esac
 done
 if [[ $# -lt 1 ]]; then
-  header_usage 20
+  header_usage 26
   exit 2
 fi
 require_root_and_fio readahead_probe
@@ -46,6 +52,7 @@ make_work_dir readahead_probe "$work"
 cleanup() {
   mountpoint -q "$work/mnt" && "$bin" umount "$work/mnt" >/dev/null 2>&1
   rm -rf "$work"
+  rm -f "/dev/shm/readahead_probe.$$"
 }
 trap cleanup EXIT
 
@@ -82,6 +89,10 @@ for ((r = 1; r <= rounds; r++)); do
       echo 3 >/proc/sys/vm/drop_caches
     else
       dd if="$work/mnt/v" iflag=nocache count=0 status=none
+    fi
+    if [[ -n $prefault ]]; then
+      head -c "$(numfmt --from=iec "$prefault")" /dev/zero >"/dev/shm/readahead_probe.$$"
+      rm -f "/dev/shm/readahead_probe.$$"
     fi
     cpu0=$(daemon_cpu_ms)
     reads0=$(reads_served)
