@@ -67,6 +67,7 @@
 
 #include "core/folio_census.h"
 #include "core/pool.h"
+#include "core/size.h"
 #include "meta/pool_dir.h"
 #include "meta/rocksdb_store.h"
 
@@ -183,8 +184,9 @@ std::string JsonEscape(const std::string& s) {
 
 class BenchPool {
  public:
+  // `open` as meta::OpenPoolFiles takes it (mapped_reads, block cache).
   BenchPool(const std::string& root, uint64_t size, uint64_t block_size, bool force_generic,
-            bool mapped_reads)
+            const meta::OpenOptions& open)
       : root_(root) {
     std::error_code ec;
     std::filesystem::remove_all(root_, ec);
@@ -192,9 +194,7 @@ class BenchPool {
     fo.size = size;
     fo.block_size = block_size;
     Must(meta::FormatPool(root_, fo), "format " + root_);
-    meta::OpenOptions oo;
-    oo.mapped_reads = mapped_reads;
-    files_ = Must(meta::OpenPoolFiles(root_, oo), "open " + root_);
+    files_ = Must(meta::OpenPoolFiles(root_, open), "open " + root_);
     PoolOptions po;
     po.commit_interval = std::chrono::milliseconds(0);
     po.background_gc = false;
@@ -326,6 +326,17 @@ struct Config {
   int seq_passes = 1;
   bool recache = false;
   bool mapped_reads = false;  // every pool: meta::OpenOptions::mapped_reads
+  // Every pool's RocksDB block cache (meta::OpenOptions::block_cache_bytes,
+  // mount option cache_size=): smaller than the block map, lookups read
+  // its blocks from the files.
+  size_t block_cache_bytes = meta::OpenOptions{}.block_cache_bytes;
+
+  meta::OpenOptions Open() const {
+    meta::OpenOptions oo;
+    oo.mapped_reads = mapped_reads;
+    oo.block_cache_bytes = block_cache_bytes;
+    return oo;
+  }
   // (d)
   uint64_t io_volume = 512 * kMiB;
   uint64_t io_ops = 40000;
@@ -364,7 +375,7 @@ void SnapshotBench(const Config& c, Results* res, std::vector<MetaRow>* meta_row
     for (uint64_t size : {c.snap_small, c.snap_large}) {
       pools.push_back(std::make_unique<BenchPool>(
           c.dir + "/engine_bench_snap_" + std::to_string(size >> 20) + "m", size, bs, false,
-          c.mapped_reads));
+          c.Open()));
       vols.push_back(pools.back()->Create("origin", size));
       Fill(*vols.back(), size, bs, random_order, 7);
       Must(pools.back()->pool().Commit(), "commit");
@@ -468,7 +479,7 @@ void ReadsBench(const Config& c, Results* res, std::vector<MetaRow>* meta_rows) 
   const uint64_t churn = std::max<uint64_t>(1, blocks / 100);
   // Six origins + the COW copies of the churned one, with slack.
   const uint64_t pool_size = 6 * o + 2 * churn * bs * c.read_snapshots + 64 * bs;
-  BenchPool bp(c.dir + "/engine_bench_reads", pool_size, bs, false, c.mapped_reads);
+  BenchPool bp(c.dir + "/engine_bench_reads", pool_size, bs, false, c.Open());
   // static0/staticN: never rewritten; churn0/churnN: 1% of blocks rewritten
   // (4 KiB at the block start, same blocks in both) after every snapshot of
   // churnN, so churnN's blocks carry up to N+1 versions. control0 is an A/A
@@ -480,6 +491,11 @@ void ReadsBench(const Config& c, Results* res, std::vector<MetaRow>* meta_rows) 
   // in one folio: static0 vs shuffled0 is what that scatter alone costs.
   const std::vector<std::string> names(std::begin(kReadOrigins), std::end(kReadOrigins));
   std::map<std::string, std::shared_ptr<Volume>> vols;
+  // A volume never written, created first so that its keys would sort
+  // before every origin's: looked up in random block order, every lookup
+  // misses in the middle of the map, as reads of a sparse volume's holes
+  // do. (The snapshots' own keys sort after every origin's.)
+  const VolumeId holes_id = bp.Create("holes0", o)->id();
   std::fprintf(stderr, "(b) filling %zu origins of %s, %d snapshots...\n", names.size(),
                SizeName(o).c_str(), c.read_snapshots);
   for (size_t i = 0; i < names.size(); ++i) {
@@ -529,6 +545,38 @@ void ReadsBench(const Config& c, Results* res, std::vector<MetaRow>* meta_rows) 
   std::vector<uint64_t> offsets(c.rand_reads);
   for (auto& off : offsets) off = (rng() % (o / (4 * kKiB))) * 4 * kKiB;
   std::vector<std::byte> buf4k(4 * kKiB);
+  // The block map alone: every block of device `id` resolved through the
+  // overlay and the store, past the block-map cache, no data read. What a
+  // read pays on a cache miss. Four passes: one pass of a 256 MiB origin
+  // takes under 10 ms. Recorded as b.<key>.resolve_*.
+  // With `order`, the blocks in that order, and unmapped ones expected.
+  auto time_resolves = [&](const std::string& key, VolumeId id,
+                           const std::vector<uint64_t>* order = nullptr) {
+    constexpr int kResolvePasses = 4;
+    double c0 = ThreadCpu();
+    double t0 = Now();
+    for (int p = 0; p < kResolvePasses; ++p) {
+      for (uint64_t i = 0; i < blocks; ++i) {
+        const uint64_t b = order != nullptr ? (*order)[i] : i;
+        if (!Must(bp.pool().MappedBlockForTesting(id, b), "resolve") && order == nullptr) {
+          Die("resolve", Status::IOError("unmapped block"));
+        }
+      }
+    }
+    double secs = Now() - t0;
+    double cpu = ThreadCpu() - c0;
+    const auto lookups = static_cast<double>(blocks * kResolvePasses);
+    res->Add("b." + key + ".resolve_per_s", "lookups/s").push_back(lookups / secs);
+    res->Add("b." + key + ".resolve_cpu", "lookups/CPU-s").push_back(lookups / cpu);
+  };
+  // A snapshot never written: each lookup misses the snapshot's own
+  // versions, then finds its origin's (DESIGN.md, "Read D, block b"). The
+  // miss is what the block map's prefix Bloom filter answers without
+  // reading a data block (docs/benchmarks.md, lever 43).
+  const VolumeId snapshot_id = Must(bp.pool().GetDevice("staticN-snap0"), "snapshot").id;
+  std::vector<uint64_t> shuffled(blocks);
+  for (uint64_t b = 0; b < blocks; ++b) shuffled[b] = b;
+  std::shuffle(shuffled.begin(), shuffled.end(), rng);
   for (int r = 0; r < c.rounds; ++r) {
     if (c.recache) {
       EvictData(bp);
@@ -558,27 +606,11 @@ void ReadsBench(const Config& c, Results* res, std::vector<MetaRow>* meta_rows) 
           .push_back(static_cast<double>(offsets.size()) / secs);
       res->Add("b." + n + ".randread_cpu", "reads/CPU-s")
           .push_back(static_cast<double>(offsets.size()) / cpu);
-      // The block map alone: every block resolved through the overlay and
-      // the store, past the block-map cache, no data read. What a read
-      // pays on a cache miss, and the part invariant 1 is about. Four
-      // passes: one pass of a 256 MiB origin takes under 10 ms.
-      constexpr int kResolvePasses = 4;
-      const VolumeId id = v.id();
-      c0 = ThreadCpu();
-      t0 = Now();
-      for (int p = 0; p < kResolvePasses; ++p) {
-        for (uint64_t b = 0; b < blocks; ++b) {
-          if (!Must(bp.pool().MappedBlockForTesting(id, b), "resolve")) {
-            Die("resolve", Status::IOError("unmapped block"));
-          }
-        }
-      }
-      secs = Now() - t0;
-      cpu = ThreadCpu() - c0;
-      const auto lookups = static_cast<double>(blocks * kResolvePasses);
-      res->Add("b." + n + ".resolve_per_s", "lookups/s").push_back(lookups / secs);
-      res->Add("b." + n + ".resolve_cpu", "lookups/CPU-s").push_back(lookups / cpu);
+      // The part invariant 1 is about.
+      time_resolves(n, v.id());
     }
+    time_resolves("snapshot", snapshot_id);
+    time_resolves("holes", holes_id, &shuffled);
   }
   MeasureMetadata(bp,
                   "5 volumes of " + SizeName(o) + ", 2 of them with " +
@@ -610,7 +642,7 @@ void ThroughputBench(const Config& c, Results* res) {
                  g.label.c_str());
     pools.push_back(
         std::make_unique<BenchPool>(c.dir + "/engine_bench_io_" + g.key, size, g.block_size,
-                                    g.force_generic, c.mapped_reads));
+                                    g.force_generic, c.Open()));
     vols.push_back(pools.back()->Create("v", c.io_volume));
     Fill(*vols.back(), c.io_volume, g.block_size, false, 3);
     Must(pools.back()->pool().Commit(), "commit");
@@ -717,7 +749,7 @@ void Report(const Config& c, const std::string& cmdline, Results* res,
       << (c.mapped_reads ? ", mapped_reads on (reads of cached data copied out of a mapping "
                            "of the data file)"
                          : "")
-      << ".\n\n";
+      << ", RocksDB block cache " << SizeName(c.block_cache_bytes) << ".\n\n";
 
   if (c.only.find('a') != std::string::npos) {
     out << "### (a) Snapshot creation vs origin size (64 KiB blocks)\n\n"
@@ -795,6 +827,16 @@ void Report(const Config& c, const std::string& cmdline, Results* res,
             << " | " << Cell(r, 3) << " | "
             << (g.unjudged != nullptr ? g.unjudged : Verdict(r, 0.95, false)) << " |\n";
       }
+    }
+    {
+      const auto& per_s = res->Get("b.snapshot.resolve_per_s");
+      const auto& per_cpu = res->Get("b.snapshot.resolve_cpu");
+      out << "\nBlock-map lookups past the cache of a snapshot never written (staticN-snap0: "
+             "each misses the snapshot's own versions, then finds staticN's): "
+          << Cell(per_s, 0) << " lookups/s, " << Cell(per_cpu, 0) << " per CPU-s.\n";
+      out << "\nThe same for a volume never written (holes0), in random block order: "
+          << Cell(res->Get("b.holes.resolve_per_s"), 0) << " lookups/s, "
+          << Cell(res->Get("b.holes.resolve_cpu"), 0) << " per CPU-s.\n";
     }
     // One sentence per census scalar: "<what>: static0 1.00, ..., shuffled0 1.00."
     auto per_origin = [&](const char* what, const std::string& key, const char* format) {
@@ -944,6 +986,13 @@ int Main(int argc, char** argv) {
       c.recache = true;
     } else if (a == "--mapped-reads") {
       c.mapped_reads = true;
+    } else if (a == "--block-cache") {
+      Result<uint64_t> bytes = ParseSize(next());
+      if (!bytes.ok()) {
+        std::fprintf(stderr, "engine_bench: --block-cache: %s\n", bytes.status().ToString().c_str());
+        return 1;
+      }
+      c.block_cache_bytes = *bytes;
     } else if (a == "--seq-passes") {
       c.seq_passes = std::atoi(next().c_str());
     } else if (a == "--rand-reads") {
@@ -954,6 +1003,7 @@ int Main(int argc, char** argv) {
           "usage: engine_bench [--quick] [--rounds N] [--dir DIR] [--json FILE]\n"
           "                    [--markdown FILE] [--only abcd] [--seq-passes N]\n"
           "                    [--rand-reads N] [--recache] [--mapped-reads]\n"
+          "                    [--block-cache SIZE]\n"
           "  --seq-passes N  (b): 1 MiB sequential passes over each origin per round\n"
           "                  (default 1)\n"
           "  --rand-reads N  (b): 4 KiB random reads of each origin per round\n"
@@ -963,7 +1013,10 @@ int Main(int argc, char** argv) {
           "                  each round caches it in pages the kernel picks afresh\n"
           "                  (by default the pages the writes filled are kept)\n"
           "  --mapped-reads  open every pool with mapped_reads (reads of cached data\n"
-          "                  copied out of a mapping of the data file, lever 35)\n");
+          "                  copied out of a mapping of the data file, lever 35)\n"
+          "  --block-cache SIZE  every pool's RocksDB block cache (default 64M, as\n"
+          "                  the mount's cache_size=); smaller than the block map,\n"
+          "                  uncached lookups read its blocks from the files\n");
       return 0;
     } else {
       std::fprintf(stderr, "engine_bench: unknown argument '%s'\n", a.c_str());
