@@ -43,3 +43,14 @@ make_work_dir() {
   fi
   mkdir -p "$dir"
 }
+
+# Splits CONFIG arguments of the form BINARY[:MOUNT_OPTIONS] into the
+# caller's arrays bins (real paths) and opts ("" without options).
+parse_configs() {
+  local c
+  bins=() opts=()
+  for c in "$@"; do
+    bins+=("$(realpath "${c%%:*}")")
+    if [[ $c == *:* ]]; then opts+=("${c#*:}"); else opts+=(""); fi
+  done
+}

@@ -40,11 +40,7 @@ if [[ $# -lt 1 ]]; then
   exit 2
 fi
 require_root_and_fio cow_burst
-bins=() opts=()
-for c in "$@"; do
-  bins+=("$(realpath "${c%%:*}")")
-  if [[ $c == *:* ]]; then opts+=("${c#*:}"); else opts+=(""); fi
-done
+parse_configs "$@"
 bytes=$(numfmt --from=iec "$size")
 make_work_dir cow_burst "$work"
 mounted=()

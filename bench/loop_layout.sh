@@ -38,11 +38,7 @@ if [[ $# -lt 1 ]]; then
   exit 2
 fi
 require_root_and_fio loop_layout
-bins=() opts=()
-for c in "$@"; do
-  bins+=("$(realpath "${c%%:*}")")
-  if [[ $c == *:* ]]; then opts+=("${c#*:}"); else opts+=(""); fi
-done
+parse_configs "$@"
 bytes=$(numfmt --from=iec "$size")
 make_work_dir loop_layout "$work"
 stat_file=$(disk_stat_file "$work" loop_layout)

@@ -125,19 +125,24 @@ std::optional<std::string> FindThinfsMount(std::span<const MountInfoEntry> mount
   return found;
 }
 
+const MountInfoEntry* TopMountOn(std::span<const MountInfoEntry> mounts,
+                                 std::string_view mountpoint) {
+  const MountInfoEntry* top = nullptr;
+  for (const MountInfoEntry& m : mounts) {
+    // A later mount on the same point covers the earlier ones.
+    if (m.mountpoint == mountpoint) top = &m;
+  }
+  return top;
+}
+
 std::optional<std::string> ThinfsPoolOnMountpoint(std::span<const MountInfoEntry> mounts,
                                                   std::string_view mountpoint) {
   const std::string prefix = ThinfsMountSource("");
-  std::optional<std::string> found;
-  for (const MountInfoEntry& m : mounts) {
-    if (m.mountpoint != mountpoint) continue;
-    // A later mount on the same point covers the earlier ones.
-    found.reset();
-    if (m.fstype == kThinfsFsType && m.source.starts_with(prefix)) {
-      found = m.source.substr(prefix.size());
-    }
+  const MountInfoEntry* top = TopMountOn(mounts, mountpoint);
+  if (top == nullptr || top->fstype != kThinfsFsType || !top->source.starts_with(prefix)) {
+    return std::nullopt;
   }
-  return found;
+  return top->source.substr(prefix.size());
 }
 
 std::optional<std::string> ThinfsMountOf(const std::string& pool) {

@@ -85,6 +85,11 @@ std::optional<std::string> FindThinfsMount(std::span<const MountInfoEntry> mount
 std::optional<std::string> ThinfsPoolOnMountpoint(std::span<const MountInfoEntry> mounts,
                                                   std::string_view mountpoint);
 
+// The topmost (last) mount on `mountpoint`, the one it shows, or null when
+// nothing is mounted there. Points into `mounts`.
+const MountInfoEntry* TopMountOn(std::span<const MountInfoEntry> mounts,
+                                 std::string_view mountpoint);
+
 // FindThinfsMount for `pool` as the daemon names it (realpath), in this
 // process's mount namespace. nullopt on any error.
 std::optional<std::string> ThinfsMountOf(const std::string& pool);

@@ -452,14 +452,9 @@ void SetMountReadahead(const ServeConfig& config) {
     THINFS_LOG_WARNING("readahead not set: %s", mounts.status().ToString().c_str());
     return;
   }
-  const MountInfoEntry* ours = nullptr;
-  for (const MountInfoEntry& e : *mounts) {
-    if (e.fstype == kThinfsFsType && e.source == config.fsname &&
-        e.mountpoint == config.mountpoint) {
-      ours = &e;  // the last: the topmost of mounts stacked there
-    }
-  }
-  if (ours == nullptr) {
+  // Just mounted, so ours is the topmost mount there.
+  const MountInfoEntry* ours = TopMountOn(*mounts, config.mountpoint);
+  if (ours == nullptr || ours->fstype != kThinfsFsType || ours->source != config.fsname) {
     THINFS_LOG_WARNING("readahead not set: no mount of %s on %s in /proc/self/mountinfo",
                        config.fsname.c_str(), config.mountpoint.c_str());
     return;

@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
-#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -526,23 +525,15 @@ TEST_F(FuseTest, ReadaheadOptionSetsTheMountsWindow) {
   for (const char* bad : {"readahead=5000", "readahead=65M", "readahead=x", "readahead"}) {
     ExpectRefusedBeforeMounting(bad, "readahead");
   }
-  auto window_kib = [&] {
-    struct stat st {};
-    EXPECT_EQ(stat(mnt_.c_str(), &st), 0) << strerror(errno);
-    CommandResult r = RunCommand("cat /sys/class/bdi/" + std::to_string(major(st.st_dev)) + ":" +
-                                 std::to_string(minor(st.st_dev)) + "/read_ahead_kb");
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    return std::atoi(r.output.c_str());
-  };
   ASSERT_EQ(MountForeground(), "");
-  EXPECT_EQ(window_kib(), 1024);
+  EXPECT_EQ(MountReadaheadKib(mnt_), 1024);
   EXPECT_NE(Log().find("readahead 1024 KiB"), std::string::npos) << Log();
   ASSERT_EQ(Unmount(), "");
   ASSERT_EQ(MountForeground("readahead=4M"), "");
-  EXPECT_EQ(window_kib(), 4096);
+  EXPECT_EQ(MountReadaheadKib(mnt_), 4096);
   ASSERT_EQ(Unmount(), "");
   ASSERT_EQ(MountForeground("readahead=0"), "");
-  EXPECT_EQ(window_kib(), 128);
+  EXPECT_EQ(MountReadaheadKib(mnt_), 128);
   EXPECT_EQ(Log().find("readahead 0 KiB"), std::string::npos) << Log();
   ASSERT_EQ(Unmount(), "");
 }

@@ -10,7 +10,6 @@
 #include <sys/syscall.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/sysmacros.h>
 #include <sys/statvfs.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -857,17 +856,6 @@ class ReadaheadServerTest : public ServerTest {
     }
   }
 
-  // The mount's window as the kernel has it, in KiB.
-  int WindowKib() {
-    struct stat st {};
-    EXPECT_EQ(stat(mnt_.c_str(), &st), 0) << strerror(errno);
-    std::string path = "/sys/class/bdi/" + std::to_string(major(st.st_dev)) + ":" +
-                       std::to_string(minor(st.st_dev)) + "/read_ahead_kb";
-    CommandResult r = RunCommand("cat " + ShellQuote(path));
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    return std::atoi(r.output.c_str());
-  }
-
   // Read requests of a cold sequential read of the whole file, which must
   // read back what was written.
   uint64_t ColdSequentialReadRequests() {
@@ -896,7 +884,7 @@ class ReadaheadServerTest : public ServerTest {
 TEST_F(ReadaheadServerTest, AMegabyteWindowReadsInMegabyteRequests) {
   readahead_bytes_ = 1 << 20;
   Mount();
-  EXPECT_EQ(WindowKib(), 1024);
+  EXPECT_EQ(thinfs::testing::MountReadaheadKib(mnt_), 1024);
   const uint64_t requests = ColdSequentialReadRequests();
   EXPECT_GE(requests, kSize / (1 << 20));
   EXPECT_LE(requests, 40u);
@@ -906,7 +894,7 @@ TEST_F(ReadaheadServerTest, AMegabyteWindowReadsInMegabyteRequests) {
 TEST_F(ReadaheadServerTest, NoWindowKeepsTheKernelsDefault) {
   readahead_bytes_ = 0;
   Mount();
-  EXPECT_EQ(WindowKib(), 128);
+  EXPECT_EQ(thinfs::testing::MountReadaheadKib(mnt_), 128);
   EXPECT_GE(ColdSequentialReadRequests(), kSize / (128 << 10));
 }
 

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -177,6 +178,20 @@ long long UringRequestsInLog(const std::string& log) {
   size_t start = log.rfind('(', end);
   if (start == std::string::npos) return -1;
   return std::atoll(log.substr(start + 1, end - start - 1).c_str());
+}
+
+int MountReadaheadKib(const std::string& mountpoint) {
+  struct stat st {};
+  if (stat(mountpoint.c_str(), &st) != 0) {
+    ADD_FAILURE() << mountpoint << ": " << strerror(errno);
+    return -1;
+  }
+  const std::string path = "/sys/class/bdi/" + std::to_string(major(st.st_dev)) + ":" +
+                           std::to_string(minor(st.st_dev)) + "/read_ahead_kb";
+  std::ifstream in(path);
+  int kib = -1;
+  if (!(in >> kib)) ADD_FAILURE() << "cannot read " << path;
+  return kib;
 }
 
 std::string LoopUnavailableReason() {

@@ -59,6 +59,11 @@ inline constexpr char kFirstRingRequest[] = "FUSE over io_uring: serving";
 // through io_uring, or -1 if the log has no such line.
 long long UringRequestsInLog(const std::string& log);
 
+// The readahead window of the mount on `mountpoint` in KiB, as the kernel
+// has it (/sys/class/bdi/MAJ:MIN/read_ahead_kb of its st_dev), or -1 with
+// a test failure added when it cannot be read.
+int MountReadaheadKib(const std::string& mountpoint);
+
 // PIDs of processes whose command line is `thinfs mount POOL ...`.
 std::vector<pid_t> FindMountDaemons(const std::string& pool);
 
