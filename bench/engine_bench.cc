@@ -330,11 +330,15 @@ struct Config {
   // mount option cache_size=): smaller than the block map, lookups read
   // its blocks from the files.
   size_t block_cache_bytes = meta::OpenOptions{}.block_cache_bytes;
+  // Every pool's read-around window (meta::OpenOptions::read_around_bytes,
+  // mount option read_around=; lever 44).
+  uint64_t read_around_bytes = meta::OpenOptions{}.read_around_bytes;
 
   meta::OpenOptions Open() const {
     meta::OpenOptions oo;
     oo.mapped_reads = mapped_reads;
     oo.block_cache_bytes = block_cache_bytes;
+    oo.read_around_bytes = read_around_bytes;
     return oo;
   }
   // (d)
@@ -749,7 +753,9 @@ void Report(const Config& c, const std::string& cmdline, Results* res,
       << (c.mapped_reads ? ", mapped_reads on (reads of cached data copied out of a mapping "
                            "of the data file)"
                          : "")
-      << ", RocksDB block cache " << SizeName(c.block_cache_bytes) << ".\n\n";
+      << ", RocksDB block cache " << SizeName(c.block_cache_bytes) << ", read-around "
+      << (c.read_around_bytes == 0 ? std::string("off") : SizeName(c.read_around_bytes))
+      << ".\n\n";
 
   if (c.only.find('a') != std::string::npos) {
     out << "### (a) Snapshot creation vs origin size (64 KiB blocks)\n\n"
@@ -993,6 +999,13 @@ int Main(int argc, char** argv) {
         return 1;
       }
       c.block_cache_bytes = *bytes;
+    } else if (a == "--read-around") {
+      Result<uint64_t> bytes = ParseSize(next());
+      if (!bytes.ok()) {
+        std::fprintf(stderr, "engine_bench: --read-around: %s\n", bytes.status().ToString().c_str());
+        return 1;
+      }
+      c.read_around_bytes = *bytes;
     } else if (a == "--seq-passes") {
       c.seq_passes = std::atoi(next().c_str());
     } else if (a == "--rand-reads") {
@@ -1003,7 +1016,7 @@ int Main(int argc, char** argv) {
           "usage: engine_bench [--quick] [--rounds N] [--dir DIR] [--json FILE]\n"
           "                    [--markdown FILE] [--only abcd] [--seq-passes N]\n"
           "                    [--rand-reads N] [--recache] [--mapped-reads]\n"
-          "                    [--block-cache SIZE]\n"
+          "                    [--block-cache SIZE] [--read-around SIZE]\n"
           "  --seq-passes N  (b): 1 MiB sequential passes over each origin per round\n"
           "                  (default 1)\n"
           "  --rand-reads N  (b): 4 KiB random reads of each origin per round\n"
@@ -1016,7 +1029,9 @@ int Main(int argc, char** argv) {
           "                  copied out of a mapping of the data file, lever 35)\n"
           "  --block-cache SIZE  every pool's RocksDB block cache (default 64M, as\n"
           "                  the mount's cache_size=); smaller than the block map,\n"
-          "                  uncached lookups read its blocks from the files\n");
+          "                  uncached lookups read its blocks from the files\n"
+          "  --read-around SIZE  every pool's read-around window (default 64K, as\n"
+          "                  the mount's read_around=; 0 off, lever 44)\n");
       return 0;
     } else {
       std::fprintf(stderr, "engine_bench: unknown argument '%s'\n", a.c_str());

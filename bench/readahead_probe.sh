@@ -26,7 +26,7 @@ set -euo pipefail
 # shellcheck source=bench/benchlib.sh
 source "$(dirname "$0")/benchlib.sh"
 
-rounds=5 size=1G cold=0 prefault= work=/var/tmp/readahead_probe
+rounds=5 size=1G cold=0 prefault='' work=/var/tmp/readahead_probe
 while [[ $# -gt 0 && $1 == --* ]]; do
   case $1 in
     --dir) work=$2; shift 2 ;;

@@ -313,6 +313,49 @@ void FileBlockDevice::Prefetch(PoolBlock block, uint64_t count) {
                         POSIX_FADV_WILLNEED);
 }
 
+Status BlockDevice::ReadAround(PoolBlock block, uint64_t offset, std::span<std::byte> buf) {
+  return Read(block, offset, buf);
+}
+
+Status FileBlockDevice::ReadAround(PoolBlock block, uint64_t offset, std::span<std::byte> buf) {
+  const uint64_t bs = geometry_.block_size();
+  const uint64_t window = std::min(read_around_, bs);
+  const uint64_t start = window == 0 ? 0 : offset / window * window;
+  const uint64_t window_len = std::min(window, bs - start);
+  if (direct_ || buf.size() >= window || offset + buf.size() > start + window_len) {
+    return Read(block, offset, buf);
+  }
+  const uint64_t base = geometry_.BytesOf(block.value);
+  // The probe: the read itself, from the cache only. On a miss the kernel
+  // has started reading the pages it could not copy.
+  size_t cached = 0;
+  if (nowait_.load(std::memory_order_relaxed)) {
+    struct iovec iov {buf.data(), buf.size()};
+    const ssize_t n = ::preadv2(fd_, &iov, 1, static_cast<off_t>(base + offset), RWF_NOWAIT);
+    if (n == static_cast<ssize_t>(buf.size())) return Status::Ok();
+    if (n > 0) cached = static_cast<size_t>(n);
+    if (n < 0 && errno == EOPNOTSUPP) nowait_.store(false, std::memory_order_relaxed);
+  } else if (CachedAt(base + offset)) {
+    return Read(block, offset, buf);
+  }
+  // Reclaim has evicted pages of the window before: the host's cache does
+  // not hold this working set, and the window's other pages would most
+  // likely be evicted again before they are read (lever 44). Only the
+  // read's own pages are read then, as without read-around. Without
+  // cachestat(2) there is no telling, and the window is read.
+  bool thrashing = false;
+  if (cachestat_.load(std::memory_order_relaxed)) {
+    Result<PageCacheCounts> window_pages = CountPages(fd_, base + start, window_len);
+    thrashing = window_pages.ok() && window_pages->evicted != 0;
+  }
+  if (!thrashing) {
+    // A hint: its failure changes nothing but speed.
+    (void)::posix_fadvise(fd_, static_cast<off_t>(base + start), static_cast<off_t>(window_len),
+                          POSIX_FADV_WILLNEED);
+  }
+  return Read(block, offset + cached, buf.subspan(cached));
+}
+
 bool BlockDevice::PrefetchForRead(std::span<const Run>, uint64_t, std::span<std::byte>) {
   return false;
 }

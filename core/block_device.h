@@ -71,6 +71,13 @@ class BlockDevice {
   // default does nothing.
   virtual void Prefetch(PoolBlock block, uint64_t count);
 
+  // Read() of a read within `block` that is not the next read of a
+  // sequential reader. A device may also bring the rest of the read-around
+  // window that holds it into the host's page cache when the read's data
+  // are not cached, so that later reads of the window find it there
+  // (docs/benchmarks.md, lever 44). The default is Read().
+  virtual Status ReadAround(PoolBlock block, uint64_t offset, std::span<std::byte> buf);
+
   // A run of consecutive blocks.
   struct Run {
     PoolBlock first;
@@ -148,6 +155,17 @@ class FileBlockDevice final : public BlockDevice {
   Status Grow(uint64_t new_data_blocks) override;
   // Starts reading into the page cache; nothing with O_DIRECT.
   void Prefetch(PoolBlock block, uint64_t count) override;
+  // First a preadv2(RWF_NOWAIT) of the read: cached data cost that one
+  // system call, as a Read() of them does. What it could not read, the
+  // window that holds it is hinted for (posix_fadvise(WILLNEED): one read
+  // of the disk for the window's missing pages), then read with pread,
+  // which waits for it. The window is the read-around size aligned within
+  // the block (EnableReadAround). Not hinted: a read as long as the window
+  // or across its end; a window of which cachestat(2) finds pages reclaim
+  // evicted (the cache does not hold the working set: what is read around
+  // would be lost again before it is read); anything with O_DIRECT, or
+  // without a window, which reads as Read().
+  Status ReadAround(PoolBlock block, uint64_t offset, std::span<std::byte> buf) override;
   // Probes the last run's last page first: one system call for a read
   // whose blocks are cached, however scattered. The probe is cachestat(2),
   // which reads nothing in, where the kernel has it (Linux 6.5) and lets
@@ -182,6 +200,14 @@ class FileBlockDevice final : public BlockDevice {
   // pread of it, and pages the daemon has mapped stay cached through
   // drop_caches. Call before sharing the object.
   void EnableMappedReads();
+
+  // ReadAround() reads around in windows of `bytes` (a multiple of 4 KiB; the block
+  // size where larger; 0, the default: no read-around), aligned within the
+  // block: a read of fewer bytes whose page is not cached makes the disk
+  // read the window, which the host's readahead does not do for a random
+  // read. Nothing with O_DIRECT. Call before sharing the object.
+  void EnableReadAround(uint64_t bytes) { read_around_ = bytes; }
+  uint64_t read_around() const { return read_around_; }
 
   // A regular file that Grow() must not extend (one the user gave with
   // `format --data`: it is theirs to size). Call before sharing the object.
@@ -227,6 +253,10 @@ class FileBlockDevice final : public BlockDevice {
   uint64_t clone_align_ = 4096;  // the file system's block size
   // CachedAt() may ask cachestat(2). Cleared once the kernel does not tell.
   std::atomic<bool> cachestat_{true};
+  uint64_t read_around_ = 0;  // set before use, read-only after
+  // ReadAround() may probe with preadv2(RWF_NOWAIT). Cleared once the file
+  // system refuses it (it then probes with CachedAt()).
+  std::atomic<bool> nowait_{true};
   // The longest mapping of the file, read by ReadPieces without a lock.
   // Grow() maps the file again, longer, and earlier mappings stay until
   // the device closes: a reader may still be copying out of one.

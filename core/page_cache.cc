@@ -30,6 +30,11 @@ struct Cachestat {
 }  // namespace
 
 Result<uint64_t> CachedPages(int fd, uint64_t offset, uint64_t len) {
+  THINFS_ASSIGN_OR_RETURN(const PageCacheCounts counts, CountPages(fd, offset, len));
+  return counts.cached;
+}
+
+Result<PageCacheCounts> CountPages(int fd, uint64_t offset, uint64_t len) {
 #ifndef __NR_cachestat
   (void)fd, (void)offset, (void)len;
   return Status::NotSupported("cachestat(2): no system call number for this architecture");
@@ -40,7 +45,7 @@ Result<uint64_t> CachedPages(int fd, uint64_t offset, uint64_t len) {
     if (errno == ENOSYS) return Status::NotSupported("cachestat(2) needs Linux 6.5");
     return Status::FromErrno(errno, "cachestat");
   }
-  return stat.nr_cache;
+  return PageCacheCounts{stat.nr_cache, stat.nr_evicted};
 #endif
 }
 

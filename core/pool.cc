@@ -173,6 +173,10 @@ struct VolumeState {
   Mutex ra_mu;
   uint64_t ra_next GUARDED_BY(ra_mu) = 0;
   uint64_t ra_end GUARDED_BY(ra_mu) = 0;
+  // Where the last read within one block ended: a read of one block that
+  // starts there is a sequential reader's, which the host's readahead
+  // serves, and is not read around (Pool::Impl::ReadBlock). Only a hint.
+  std::atomic<uint64_t> single_next{UINT64_MAX};
 
   // The partial clone this device is (see Pool::ShareRange).
   const VolumeState* clone_src = nullptr;  // guarded by io_mu
@@ -823,13 +827,20 @@ struct Pool::Impl {
     return InstallVersion(vol, b, e, own, before, MapValue{p, 0});
   }
 
-  Status ReadBlock(VolumeState& vol, uint64_t b, uint64_t off, std::span<std::byte> buf) {
+  // Reads `buf` from `off` into block b of vol. `around`: a read the data
+  // device may read around (BlockDevice::ReadAround: the rest of the
+  // block's window comes into the host's cache with it, lever 44).
+  Status ReadBlock(VolumeState& vol, uint64_t b, uint64_t off, std::span<std::byte> buf,
+                   bool around = false) {
     ReaderLock stripe(&Stripe(vol.id, b));
     THINFS_ASSIGN_OR_RETURN(Resolved r, CachedResolve(vol, b));
     if (!r.mapped()) {
       std::memset(buf.data(), 0, buf.size());
       return Status::Ok();
     }
+    // A block that owes its copy is not in the data area yet (and under
+    // the stripe a mapped block cannot start owing one).
+    if (around && !copies.Owes(r.value.block)) return data->ReadAround(r.value.block, off, buf);
     return copies.Read(r.value.block, off, buf);
   }
 
@@ -1652,7 +1663,9 @@ Result<size_t> Volume::Read(uint64_t offset, std::span<std::byte> buf) {
   const uint64_t end = p.geometry.BlocksFor(offset + len);
   const std::span<std::byte> out = buf.first(len);
   if (end - first == 1) {
-    THINFS_RETURN_IF_ERROR(p.ReadBlock(st, first, p.geometry.OffsetInBlock(offset), out));
+    // Not read around when it goes on where the last one-block read ended.
+    const bool around = st.single_next.exchange(offset + len, std::memory_order_relaxed) != offset;
+    THINFS_RETURN_IF_ERROR(p.ReadBlock(st, first, p.geometry.OffsetInBlock(offset), out, around));
     return len;
   }
   // Several blocks: let their cold reads overlap (docs/design.md, "Locking"),

@@ -120,6 +120,7 @@ int OpenAndServe(const MountOptions& options, const std::string& pool_root,
   open_options.read_only = options.read_only;
   open_options.direct_io = options.direct_io;
   open_options.mapped_reads = options.mapped_reads;
+  open_options.read_around_bytes = options.read_around_bytes;
   open_options.reflink = options.reflink;
   open_options.block_cache_bytes = options.block_cache_bytes;
   // PoolFiles keeps the pool lock: it lives until the pool is closed.

@@ -101,6 +101,18 @@ Result<size_t> ParseSize(const std::string& key, const std::string& value) {
   return static_cast<size_t>(n << shift);
 }
 
+// A window in bytes (readahead=, read_around=): 0 or a multiple of 4K up
+// to 64M.
+Result<size_t> ParseWindow(const std::string& key, const std::string& value) {
+  THINFS_ASSIGN_OR_RETURN(const size_t bytes, ParseSize(key, value));
+  if (bytes % 4096 != 0 || bytes > (size_t{64} << 20)) {
+    return Status::InvalidArgument("option " + key +
+                                   ": expected 0 or a multiple of 4K up to 64M, got '" + value +
+                                   "'");
+  }
+  return bytes;
+}
+
 }  // namespace
 
 Result<MountOptions> ParseMountOptions(const std::string& pool, const std::string& mountpoint,
@@ -159,6 +171,9 @@ Result<MountOptions> ParseMountOptions(const std::string& pool, const std::strin
     } else if (key == "mapped_reads") {
       THINFS_RETURN_IF_ERROR(require_value());
       THINFS_ASSIGN_OR_RETURN(opts.mapped_reads, ParseBool(key, value));
+    } else if (key == "read_around") {
+      THINFS_RETURN_IF_ERROR(require_value());
+      THINFS_ASSIGN_OR_RETURN(opts.read_around_bytes, ParseWindow(key, value));
     } else if (key == "reflink") {
       THINFS_RETURN_IF_ERROR(require_value());
       THINFS_ASSIGN_OR_RETURN(opts.reflink, ParseBool(key, value));
@@ -183,11 +198,7 @@ Result<MountOptions> ParseMountOptions(const std::string& pool, const std::strin
     } else if (key == "readahead") {
       THINFS_RETURN_IF_ERROR(require_value());
       size_t bytes = 0;
-      THINFS_ASSIGN_OR_RETURN(bytes, ParseSize(key, value));
-      if (bytes % 4096 != 0 || bytes > (size_t{64} << 20)) {
-        return Status::InvalidArgument("option readahead: expected 0 or a multiple of 4K up to "
-                                       "64M, got '" + value + "'");
-      }
+      THINFS_ASSIGN_OR_RETURN(bytes, ParseWindow(key, value));
       opts.readahead_bytes = static_cast<uint32_t>(bytes);
     } else if (key == "threads") {
       THINFS_RETURN_IF_ERROR(require_value());

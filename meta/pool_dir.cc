@@ -493,6 +493,7 @@ Result<PoolFiles> OpenPoolFiles(const std::string& root, const OpenOptions& opti
   f.data = std::move(*data);
   if (!options.reflink) f.data->DisableClones();
   if (options.mapped_reads) f.data->EnableMappedReads();
+  f.data->EnableReadAround(options.read_around_bytes);
   // A --data target (pool/data a symlink) is the user's to size: grow
   // checks it is large enough instead of extending it.
   struct stat lst;

@@ -102,6 +102,9 @@ struct OpenOptions {
   // Reads of cached data copied out of a mapping of the data file
   // (FileBlockDevice::EnableMappedReads).
   bool mapped_reads = false;
+  // Read-around window of a random read within one block
+  // (FileBlockDevice::EnableReadAround); 0 off.
+  uint64_t read_around_bytes = 64 << 10;
   size_t block_cache_bytes = 64 << 20;
 };
 

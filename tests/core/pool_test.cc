@@ -228,6 +228,66 @@ TEST(PoolTest, ReadsOfSeveralBlocksPrefetchTheirPoolBlocksFirst) {
   EXPECT_EQ(hints(), Hints{});
 }
 
+// A read within one block may be read around (lever 44): the data device
+// is told of it before the read, unless the block is a hole or the read
+// goes on where the last one-block read of the device ended (a sequential
+// reader, whom the host's readahead serves). Reads of several blocks take
+// the prefetch path instead. The call changes no result.
+TEST(PoolTest, ReadsWithinOneBlockAreReadAroundUnlessTheyGoOnInOrder) {
+  constexpr uint64_t kBlock = 64 << 10;
+  EngineFixture f(kBlock, 256);
+  ASSERT_TRUE(f.pool->CreateDevice("v", 16 * kBlock).ok());
+  ASSERT_TRUE(f.pool->CreateDevice("w", 16 * kBlock).ok());
+  auto v = Open(*f.pool, "v");
+  auto w = Open(*f.pool, "w");
+  ASSERT_OK(v->Write(0, Pattern(4 * kBlock, 1)));  // pool blocks 0-3
+  ASSERT_OK(w->Write(0, Pattern(kBlock, 2)));      // pool block 4
+  testing::ForwardingBlockDevice& data = *f.data_forwarder;
+  using Calls = std::vector<testing::ForwardingBlockDevice::ReadAroundCall>;
+  auto calls = [&] {
+    std::lock_guard<std::mutex> l(data.prefetch_mu);
+    return std::exchange(data.read_arounds, {});
+  };
+  calls();
+  const std::vector<std::byte> written = Pattern(4 * kBlock, 1);
+  std::vector<std::byte> buf(4096);
+  auto read = [&](Volume& vol, uint64_t offset, size_t len) {
+    buf.resize(len);
+    ASSERT_TRUE(vol.Read(offset, buf).ok());
+  };
+  auto expect_written = [&](uint64_t offset) {
+    EXPECT_TRUE(std::equal(buf.begin(), buf.end(), written.begin() + static_cast<ptrdiff_t>(offset)))
+        << "at " << offset;
+  };
+
+  read(*v, 2 * kBlock + 8192, 4096);
+  expect_written(2 * kBlock + 8192);
+  EXPECT_EQ(calls(), (Calls{{2, 8192, 4096}}));
+  // In order after it: the host's readahead's, not read around.
+  read(*v, 2 * kBlock + 12288, 4096);
+  read(*v, 2 * kBlock + 16384, 8192);
+  expect_written(2 * kBlock + 16384);
+  EXPECT_EQ(calls(), Calls{});
+  // Out of order again, and a read within one block of another device in
+  // between does not break v's order.
+  read(*v, 0, 4096);
+  read(*w, 100, 4096);
+  read(*v, 4096, 4096);
+  expect_written(4096);
+  read(*v, 3 * kBlock + 4096, 512);
+  expect_written(3 * kBlock + 4096);
+  EXPECT_EQ(calls(), (Calls{{0, 0, 4096}, {4, 100, 4096}, {3, 4096, 512}}));
+  // A hole: nothing to read around.
+  read(*v, 9 * kBlock, 4096);
+  EXPECT_EQ(buf, std::vector<std::byte>(4096));
+  // Several blocks: the prefetch path, not this one.
+  read(*v, kBlock - 4096, 8192);
+  expect_written(kBlock - 4096);
+  read(*v, 0, 4 * kBlock);
+  expect_written(0);
+  EXPECT_EQ(calls(), Calls{});
+}
+
 // A sequential reader whose blocks lie scattered in the data area gets
 // readahead in the device's block order: a cold read of several runs that
 // starts where the last read ended hints the next 4 MiB of the device (4

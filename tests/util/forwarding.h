@@ -59,6 +59,14 @@ class ForwardingBlockDevice final : public BlockDevice {
     }
     return t_->PrefetchForRead(runs, head, scratch) || report_cold;
   }
+  Status ReadAround(PoolBlock b, uint64_t o, std::span<std::byte> buf) override {
+    {
+      std::lock_guard<std::mutex> l(prefetch_mu);
+      read_arounds.push_back(ReadAroundCall{b.value, o, buf.size()});
+    }
+    reads.fetch_add(1, std::memory_order_relaxed);
+    return t_->ReadAround(b, o, buf);
+  }
   Status Copy(PoolBlock from, PoolBlock to, uint64_t o, uint64_t n) override {
     return t_->Copy(from, to, o, n);
   }
@@ -85,6 +93,12 @@ class ForwardingBlockDevice final : public BlockDevice {
   std::vector<std::pair<uint64_t, size_t>> prefetch_reads;
   // Every Prefetch hint (the engine's readahead) as (first pool block, count).
   std::vector<std::pair<uint64_t, uint64_t>> prefetched_ahead;
+  // Every ReadAround call as (pool block, offset, length).
+  struct ReadAroundCall {
+    uint64_t block, offset, len;
+    bool operator==(const ReadAroundCall&) const = default;
+  };
+  std::vector<ReadAroundCall> read_arounds;
   // PrefetchForRead reports every read not cached, as a cold page cache
   // would (the target may be a MemBlockDevice, which hints nothing).
   bool report_cold = false;
