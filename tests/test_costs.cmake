@@ -21,3 +21,11 @@ set_tests_properties(UringServerTest.EveryKindOfRequestRoundTripsThroughTheRings
   UringServerTest.OffServesEverythingThroughDevFuse
   FuseTest.IoUringOptionChoosesTheTransport
   PROPERTIES RESOURCE_LOCK fuse_io_uring_knob)
+
+# Its child's reads under a memory cgroup leave the kernel's records of
+# evicted pages (which it needs) in most tries when it runs alone, but in
+# few while other test processes run beside it: the page cache it reads
+# then ends at 768 cached pages and no record of any eviction (seen under
+# `ctest -j2`; the cause is not known). So it runs alone.
+set_tests_properties(FileBlockDeviceTest.ReadAroundLeavesWindowsThatReclaimEvicted
+  PROPERTIES RUN_SERIAL TRUE)
