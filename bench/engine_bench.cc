@@ -975,6 +975,16 @@ int Main(int argc, char** argv) {
       }
       return argv[++i];
     };
+    // The option's SIZE value into *out; false (said why) if it is no size.
+    auto size_value = [&](auto* out) {
+      Result<uint64_t> bytes = ParseSize(next());
+      if (!bytes.ok()) {
+        std::fprintf(stderr, "engine_bench: %s: %s\n", a.c_str(), bytes.status().ToString().c_str());
+        return false;
+      }
+      *out = *bytes;
+      return true;
+    };
     if (a == "--quick") {
       c.quick = true;
     } else if (a == "--rounds") {
@@ -993,19 +1003,9 @@ int Main(int argc, char** argv) {
     } else if (a == "--mapped-reads") {
       c.mapped_reads = true;
     } else if (a == "--block-cache") {
-      Result<uint64_t> bytes = ParseSize(next());
-      if (!bytes.ok()) {
-        std::fprintf(stderr, "engine_bench: --block-cache: %s\n", bytes.status().ToString().c_str());
-        return 1;
-      }
-      c.block_cache_bytes = *bytes;
+      if (!size_value(&c.block_cache_bytes)) return 1;
     } else if (a == "--read-around") {
-      Result<uint64_t> bytes = ParseSize(next());
-      if (!bytes.ok()) {
-        std::fprintf(stderr, "engine_bench: --read-around: %s\n", bytes.status().ToString().c_str());
-        return 1;
-      }
-      c.read_around_bytes = *bytes;
+      if (!size_value(&c.read_around_bytes)) return 1;
     } else if (a == "--seq-passes") {
       c.seq_passes = std::atoi(next().c_str());
     } else if (a == "--rand-reads") {

@@ -171,9 +171,10 @@ Status DeferredCopies::Start(PoolBlock block, PoolBlock source, uint64_t offset,
   return Status::Ok();
 }
 
-Status DeferredCopies::Read(PoolBlock block, uint64_t offset, std::span<std::byte> buf) {
+Status DeferredCopies::Read(PoolBlock block, uint64_t offset, std::span<std::byte> buf,
+                            bool around) {
   std::shared_ptr<Owed> o = Find(block);
-  if (!o) return data_->Read(block, offset, buf);
+  if (!o) return around ? data_->ReadAround(block, offset, buf) : data_->Read(block, offset, buf);
   MutexLock l(&o->mu);
   if (o->done) return data_->Read(block, offset, buf);
   const uint64_t end = offset + buf.size();

@@ -94,8 +94,10 @@ class DeferredCopies {
   bool Owes(PoolBlock block) const;
 
   // Reads `block` as its contents are meant to be: sectors not yet copied
-  // from the source.
-  Status Read(PoolBlock block, uint64_t offset, std::span<std::byte> buf);
+  // from the source. `around`: where the block owes no copy, the data
+  // device may read around the read (BlockDevice::ReadAround, lever 44);
+  // a block that owes one is not in the data area yet.
+  Status Read(PoolBlock block, uint64_t offset, std::span<std::byte> buf, bool around = false);
 
   // Writes in place into `block`; sectors it covers no longer owe a copy
   // (the rest of a partly covered one is copied first).

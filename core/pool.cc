@@ -838,10 +838,7 @@ struct Pool::Impl {
       std::memset(buf.data(), 0, buf.size());
       return Status::Ok();
     }
-    // A block that owes its copy is not in the data area yet (and under
-    // the stripe a mapped block cannot start owing one).
-    if (around && !copies.Owes(r.value.block)) return data->ReadAround(r.value.block, off, buf);
-    return copies.Read(r.value.block, off, buf);
+    return copies.Read(r.value.block, off, buf, around);
   }
 
   // Reads `buf` from `offset` of vol, several blocks: every block's stripe
