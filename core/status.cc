@@ -80,12 +80,15 @@ const char* Status::CodeName(Code code) {
 
 std::string Status::ToString() const {
   if (ok()) return "OK";
-  std::string s = CodeName(code_);
-  if (!msg_.empty()) {
-    s += ": ";
-    s += msg_;
+  const std::string name = CodeName(code_);
+  if (msg_.empty()) return name;
+  // FromErrno's message ends with strerror's text, which for EACCES and
+  // EINVAL is the code's name: say it once.
+  const std::string tail = ": " + name;
+  if (msg_.size() >= tail.size() && msg_.compare(msg_.size() - tail.size(), tail.size(), tail) == 0) {
+    return msg_;
   }
-  return s;
+  return name + ": " + msg_;
 }
 
 Status Status::WithContext(const std::string& context) const {
