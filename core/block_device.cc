@@ -320,11 +320,10 @@ Status BlockDevice::ReadAround(PoolBlock block, uint64_t offset, std::span<std::
 Status FileBlockDevice::ReadAround(PoolBlock block, uint64_t offset, std::span<std::byte> buf) {
   const uint64_t bs = geometry_.block_size();
   const uint64_t window = std::min(read_around_, bs);
-  const uint64_t start = window == 0 ? 0 : offset / window * window;
+  if (direct_ || buf.size() >= window) return Read(block, offset, buf);  // also no window
+  const uint64_t start = offset / window * window;
   const uint64_t window_len = std::min(window, bs - start);
-  if (direct_ || buf.size() >= window || offset + buf.size() > start + window_len) {
-    return Read(block, offset, buf);
-  }
+  if (offset + buf.size() > start + window_len) return Read(block, offset, buf);
   const uint64_t base = geometry_.BytesOf(block.value);
   // The probe: the read itself, from the cache only. On a miss the kernel
   // has started reading the pages it could not copy.

@@ -84,10 +84,7 @@ std::string Status::ToString() const {
   if (msg_.empty()) return name;
   // FromErrno's message ends with strerror's text, which for EACCES and
   // EINVAL is the code's name: say it once.
-  const std::string tail = ": " + name;
-  if (msg_.size() >= tail.size() && msg_.compare(msg_.size() - tail.size(), tail.size(), tail) == 0) {
-    return msg_;
-  }
+  if (msg_.ends_with(": " + name)) return msg_;
   return name + ": " + msg_;
 }
 
