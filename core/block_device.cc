@@ -1,6 +1,7 @@
 #include "core/block_device.h"
 
 #include <fcntl.h>
+#include <linux/aio_abi.h>
 #include <linux/falloc.h>
 #include <linux/fs.h>
 #include <setjmp.h>
@@ -8,6 +9,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -85,6 +87,8 @@ Result<std::unique_ptr<FileBlockDevice>> FileBlockDevice::Open(const std::string
   }
   bool is_blockdev = S_ISBLK(st.st_mode);
   std::unique_ptr<FileBlockDevice> dev(new FileBlockDevice(fd, geometry, direct, is_blockdev));
+  // Not fatal: without it every read goes through the host's cache.
+  if (!direct) dev->bypass_fd_ = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
   if (!is_blockdev && !read_only) {
     dev->clone_align_ = std::max<uint64_t>(static_cast<uint64_t>(st.st_blksize), 512);
     const size_t slash = path.rfind('/');
@@ -99,6 +103,7 @@ FileBlockDevice::~FileBlockDevice() {
   for (const std::unique_ptr<Mapping>& m : mappings_) {
     ::munmap(const_cast<std::byte*>(m->base), m->len);
   }
+  if (bypass_fd_ >= 0) ::close(bypass_fd_);
   ::close(fd_);
 }
 
@@ -359,7 +364,9 @@ bool BlockDevice::PrefetchForRead(std::span<const Run>, uint64_t, std::span<std:
   return false;
 }
 
-Status BlockDevice::ReadPieces(std::span<const ReadPiece> pieces, bool /*cached*/) {
+bool BlockDevice::RunsCached(std::span<const Run>) { return false; }
+
+Status BlockDevice::ReadPieces(std::span<const ReadPiece> pieces, Cache /*cache*/) {
   const uint64_t bs = geometry().block_size();
   for (const ReadPiece& p : pieces) {
     for (size_t done = 0; done < p.buf.size();) {
@@ -374,13 +381,147 @@ Status BlockDevice::ReadPieces(std::span<const ReadPiece> pieces, bool /*cached*
   return Status::Ok();
 }
 
-Status FileBlockDevice::ReadPieces(std::span<const ReadPiece> pieces, bool cached) {
-  for (const ReadPiece& p : pieces) {
-    if (cached && CopyMapped(geometry_.BytesOf(p.block.value) + p.offset, p.buf)) continue;
+namespace {
+
+// The calling thread's Linux AIO context (io_setup(2)) for reads past the
+// cache: made at its first use, destroyed when the thread ends. No
+// library: the system calls, as for pread.
+class AioContext {
+ public:
+  static constexpr long kDepth = 32;
+  AioContext() = default;
+  AioContext(const AioContext&) = delete;
+  AioContext& operator=(const AioContext&) = delete;
+  ~AioContext() {
+    if (ctx_ != 0) ::syscall(SYS_io_destroy, ctx_);
+  }
+  // 0 where the kernel refused one (fs.aio-max-nr reached).
+  aio_context_t Get() {
+    if (!tried_) {
+      tried_ = true;
+      if (::syscall(SYS_io_setup, kDepth, &ctx_) != 0) ctx_ = 0;
+    }
+    return ctx_;
+  }
+
+ private:
+  aio_context_t ctx_ = 0;
+  bool tried_ = false;
+};
+
+thread_local AioContext t_aio;
+
+}  // namespace
+
+size_t FileBlockDevice::ReadPastCacheAtOnce(std::span<const ReadPiece> pieces,
+                                            std::vector<bool>* done) {
+  const aio_context_t ctx = t_aio.Get();
+  if (ctx == 0) return 0;
+  std::vector<iocb> cbs;
+  cbs.reserve(std::min<size_t>(pieces.size(), AioContext::kDepth));
+  for (size_t i = 0; i < pieces.size() && cbs.size() < AioContext::kDepth; ++i) {
+    const ReadPiece& p = pieces[i];
+    const uint64_t pos = geometry_.BytesOf(p.block.value) + p.offset;
+    if (!Aligned(pos, p.buf.size(), p.buf.data())) continue;
+    iocb cb{};
+    cb.aio_data = i;
+    cb.aio_lio_opcode = IOCB_CMD_PREAD;
+    cb.aio_fildes = static_cast<uint32_t>(bypass_fd_);
+    cb.aio_buf = reinterpret_cast<uint64_t>(p.buf.data());
+    cb.aio_nbytes = p.buf.size();
+    cb.aio_offset = static_cast<int64_t>(pos);
+    cbs.push_back(cb);
+  }
+  std::vector<iocb*> ptrs;
+  for (iocb& cb : cbs) ptrs.push_back(&cb);
+  long submitted = 0;
+  while (submitted < static_cast<long>(ptrs.size())) {
+    const long n = ::syscall(SYS_io_submit, ctx, static_cast<long>(ptrs.size()) - submitted,
+                             ptrs.data() + submitted);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // the rest are read one by one
+    submitted += n;
+  }
+  std::vector<io_event> events(static_cast<size_t>(submitted));
+  long reaped = 0;
+  size_t read = 0;
+  while (reaped < submitted) {
+    const long n = ::syscall(SYS_io_getevents, ctx, submitted - reaped, submitted - reaped,
+                             events.data(), nullptr);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) std::abort();  // submitted reads would write into buffers freed on return
+    for (long e = 0; e < n; ++e) {
+      const io_event& ev = events[static_cast<size_t>(e)];
+      const size_t i = static_cast<size_t>(ev.data);
+      // Short (the file's end) or failed: read again alone, which zero
+      // fills or reports as a pread would.
+      if (ev.res == static_cast<int64_t>(pieces[i].buf.size())) {
+        (*done)[i] = true;
+        ++read;
+      }
+    }
+    reaped += n;
+  }
+  at_once_.fetch_add(read, std::memory_order_relaxed);
+  return read;
+}
+
+Status FileBlockDevice::ReadPieces(std::span<const ReadPiece> pieces, Cache cache) {
+  // Past the cache, the disk reads every piece at once, as a WILLNEED of
+  // each would have it read them (lever 46): one at a time, a scattered
+  // request waits for each piece in turn.
+  std::vector<bool> done;
+  if (cache == Cache::kBypass && pieces.size() > 1 && CanReadPastCache()) {
+    done.assign(pieces.size(), false);
+    ReadPastCacheAtOnce(pieces, &done);
+  }
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (!done.empty() && done[i]) continue;
+    const ReadPiece& p = pieces[i];
+    const uint64_t pos = geometry_.BytesOf(p.block.value) + p.offset;
+    if (cache == Cache::kHeld && CopyMapped(pos, p.buf)) continue;
+    if (cache == Cache::kBypass && ReadPastCache(pos, p.buf)) continue;
     // One pread, however many blocks the piece covers.
     THINFS_RETURN_IF_ERROR(Read(p.block, p.offset, p.buf));
   }
   return Status::Ok();
+}
+
+bool FileBlockDevice::ReadPastCache(uint64_t pos, std::span<std::byte> buf) {
+  if (!CanReadPastCache() || !Aligned(pos, buf.size(), buf.data())) return false;
+  size_t done = 0;
+  while (done < buf.size()) {
+    const ssize_t n = ::pread(bypass_fd_, buf.data() + done, buf.size() - done,
+                              static_cast<off_t>(pos + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      // EINVAL: the file system wants more than 4 KiB alignment. Anything
+      // else the read through the cache meets again and reports.
+      if (errno == EINVAL) bypass_.store(false, std::memory_order_relaxed);
+      return false;
+    }
+    if (n == 0) {
+      // Past the end of a data file that was never extended: zeros.
+      std::memset(buf.data() + done, 0, buf.size() - done);
+      return true;
+    }
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+bool FileBlockDevice::RunsCached(std::span<const Run> runs) {
+  if (direct_ || runs.empty() || !cachestat_.load(std::memory_order_relaxed)) return false;
+  // cachestat(2) only: the RWF_NOWAIT probe of CachedAt starts reading
+  // (and the host's readahead after it) the page it misses, which a read
+  // past the cache must not (lever 46). Without it (Linux < 6.5) nothing
+  // counts as cached, and the O_DIRECT read writes dirty pages back first.
+  const Run& tail = runs.back();
+  Result<uint64_t> pages =
+      CachedPages(fd_, geometry_.BytesOf(tail.first.value + tail.count) - 1, 1);
+  if (pages.ok()) return *pages != 0;
+  cachestat_.store(false, std::memory_order_relaxed);  // as CachedAt
+  return false;
 }
 
 bool FileBlockDevice::CachedAt(uint64_t offset) {

@@ -106,15 +106,34 @@ class BlockDevice {
     uint64_t offset = 0;
     std::span<std::byte> buf;
   };
+  // What the caller's probe found of the pieces a ReadPieces reads, and
+  // whose cache is to keep them. Only a hint: the data read is the same
+  // either way.
+  enum class Cache {
+    kUnknown,  // not probed, or not cached and the host's cache is to keep them
+    kHeld,     // in the host's page cache (PrefetchForRead returned false)
+    // Not in the host's page cache (RunsCached returned false), and the
+    // reader keeps its own cache of them: read past the host's, where the
+    // device can (CanReadPastCache), so that the host neither caches them
+    // a second time nor copies them through fresh pages (lever 46).
+    kBypass,
+  };
   // Reads every piece, as Read() of each block it covers would. The default
   // reads block by block; a file's device reads a piece with one pread, so
   // that a read of consecutive blocks pays one system call, not one per
-  // block, and when `cached` copies it out of a mapping of the file, which
-  // costs none. `cached`: the caller's probe found the pieces in the
-  // host's page cache (PrefetchForRead returned false), so that copying
-  // them will not wait for the disk; only a hint, the data read is the
-  // same either way. REQUIRES: every piece inside the data area.
-  virtual Status ReadPieces(std::span<const ReadPiece> pieces, bool cached);
+  // block, and when kHeld copies it out of a mapping of the file, which
+  // costs none. REQUIRES: every piece inside the data area.
+  virtual Status ReadPieces(std::span<const ReadPiece> pieces, Cache cache);
+
+  // Whether the host's page cache holds the last run's last page, the
+  // probe of PrefetchForRead without its hints and without reading
+  // anything in: false where the device cannot tell so. The default
+  // returns false.
+  virtual bool RunsCached(std::span<const Run> runs);
+
+  // Whether ReadPieces can read kBypass pieces past the host's page cache.
+  // The default returns false.
+  virtual bool CanReadPastCache() const { return false; }
 
   // Copies bytes [offset, offset + len) of block `from` to the same bytes of
   // block `to`, like Read then Write of them; durable after Sync() like a
@@ -174,7 +193,7 @@ class FileBlockDevice final : public BlockDevice {
   // hit (the read then goes unhinted).
   bool PrefetchForRead(std::span<const Run> runs, uint64_t head,
                        std::span<std::byte> scratch) override;
-  // One pread per piece (O_DIRECT: Read() of each). When `cached` and
+  // One pread per piece (O_DIRECT: Read() of each). When kHeld and
   // after EnableMappedReads(), a copy out of the data file's mapping
   // instead (docs/benchmarks.md, lever 35), no system call however
   // scattered; a page the cache lost after all is read alone (the mapping
@@ -182,7 +201,18 @@ class FileBlockDevice final : public BlockDevice {
   // or whose copy faults (SIGBUS: past the file's end, or a page the kernel
   // could not read), falls back to its pread, which reads zeros or fails as
   // Read() would.
-  Status ReadPieces(std::span<const ReadPiece> pieces, bool cached) override;
+  // kBypass: a piece whose offset, length and buffer are 4 KiB-aligned is
+  // read with O_DIRECT through a second descriptor of the file (opened at
+  // Open where the file system allows it), so that the disk's DMA fills
+  // the caller's buffer: no page of the host's cache is allocated, filled
+  // and copied out of. Several such pieces are read at once (Linux AIO). The kernel writes dirty cached pages of the range
+  // back first, so the data read is what Read() would read. Other pieces,
+  // or all where the file system refused O_DIRECT, as kUnknown.
+  Status ReadPieces(std::span<const ReadPiece> pieces, Cache cache) override;
+  bool RunsCached(std::span<const Run> runs) override;
+  bool CanReadPastCache() const override {
+    return bypass_fd_ >= 0 && bypass_.load(std::memory_order_relaxed);
+  }
   // A reflink (FICLONERANGE) of the 4 KiB-aligned part of the range where
   // the data file's file system supports it (found at Open by cloning
   // within a scratch O_TMPFILE next to it), pread/pwrite for the rest.
@@ -215,6 +245,8 @@ class FileBlockDevice final : public BlockDevice {
 
   int fd() const { return fd_; }
   bool direct() const { return direct_; }
+  // Pieces ReadPieces has read past the cache several at once, so far.
+  uint64_t pieces_read_at_once() const { return at_once_.load(std::memory_order_relaxed); }
   // How many bytes of the file ReadPieces can copy out of its mapping: 0
   // without EnableMappedReads(), with O_DIRECT or when mmap failed.
   uint64_t mapped_length() const {
@@ -237,6 +269,14 @@ class FileBlockDevice final : public BlockDevice {
   // mapping; false when the mapping does not cover them or the copy
   // faulted.
   bool CopyMapped(uint64_t pos, std::span<std::byte> buf) const;
+  // Reads `buf.size()` bytes from byte `pos` of the file with O_DIRECT;
+  // false when it cannot (not aligned, no such descriptor) or the kernel
+  // refused, and then the caller reads them through the cache.
+  bool ReadPastCache(uint64_t pos, std::span<std::byte> buf);
+  // ReadPastCache of every aligned piece at once (Linux AIO, up to 32);
+  // sets done[i] for each piece read whole and returns how many. The
+  // others are left for ReadPastCache or Read one by one.
+  size_t ReadPastCacheAtOnce(std::span<const ReadPiece> pieces, std::vector<bool>* done);
 
   struct Mapping {
     const std::byte* base = nullptr;
@@ -244,6 +284,13 @@ class FileBlockDevice final : public BlockDevice {
   };
 
   const int fd_;
+  // The file again, read-only with O_DIRECT, for ReadPastCache; -1 when
+  // fd_ is O_DIRECT already or the file system refused (set at Open).
+  int bypass_fd_ = -1;
+  // Cleared if a read through bypass_fd_ fails after all (EINVAL: the
+  // file system wants a larger alignment than 4 KiB).
+  std::atomic<bool> bypass_{true};
+  std::atomic<uint64_t> at_once_{0};  // pieces_read_at_once()
   const Geometry geometry_;
   const bool direct_;
   const bool is_blockdev_;

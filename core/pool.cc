@@ -847,8 +847,10 @@ struct Pool::Impl {
   // (one pread for a file, lever 34, or when `cached`, PrefetchBlocks'
   // finding, one copy out of the file's mapping, lever 35:
   // docs/benchmarks.md). A block that owes its copy is read through
-  // `copies` on its own.
-  Status ReadBlocks(VolumeState& vol, uint64_t offset, std::span<std::byte> buf, bool cached) {
+  // `copies` on its own. `cache`: what the caller's probe found
+  // (BlockDevice::ReadPieces).
+  Status ReadBlocks(VolumeState& vol, uint64_t offset, std::span<std::byte> buf,
+                    BlockDevice::Cache cache) {
     const uint64_t first = geometry.BlockOf(offset);
     const uint64_t last = geometry.BlocksFor(offset + buf.size());
     std::vector<SharedMutex*> stripes;
@@ -892,7 +894,7 @@ struct Pool::Impl {
       }
       pieces.push_back(BlockDevice::ReadPiece{pb, off, out});
     }
-    return data->ReadPieces(pieces, cached);
+    return data->ReadPieces(pieces, cache);
   }
 
   // Asks the data device to start reading the pool blocks that vblocks
@@ -1645,7 +1647,7 @@ Volume::~Volume() = default;
 VolumeId Volume::id() const { return state_->id; }
 uint64_t Volume::size() const { return state_->size.load(); }
 
-Result<size_t> Volume::Read(uint64_t offset, std::span<std::byte> buf) {
+Result<size_t> Volume::Read(uint64_t offset, std::span<std::byte> buf, ReadCache cache) {
   Pool::Impl& p = *pool_->impl_;
   VolumeState& st = *state_;
   ReaderLock io(&st.io_mu);
@@ -1665,10 +1667,20 @@ Result<size_t> Volume::Read(uint64_t offset, std::span<std::byte> buf) {
     THINFS_RETURN_IF_ERROR(p.ReadBlock(st, first, p.geometry.OffsetInBlock(offset), out, around));
     return len;
   }
+  using Cache = BlockDevice::Cache;
+  if (cache == ReadCache::kReader && p.data->CanReadPastCache()) {
+    // Several blocks for a reader with its own cache: past the host's
+    // unless the host's holds them already. No hint: the disk reads
+    // straight into `out`, and the reader's own readahead keeps several
+    // such reads in flight (lever 46).
+    const bool held = p.data->RunsCached(p.PoolRuns(st, first, end, nullptr));
+    THINFS_RETURN_IF_ERROR(p.ReadBlocks(st, offset, out, held ? Cache::kHeld : Cache::kBypass));
+    return len;
+  }
   // Several blocks: let their cold reads overlap (docs/design.md, "Locking"),
   // then read them a run at a time.
   const bool cached = p.PrefetchBlocks(st, first, end, p.geometry.OffsetInBlock(offset), out);
-  THINFS_RETURN_IF_ERROR(p.ReadBlocks(st, offset, out, cached));
+  THINFS_RETURN_IF_ERROR(p.ReadBlocks(st, offset, out, cached ? Cache::kHeld : Cache::kUnknown));
   return len;
 }
 

@@ -182,6 +182,18 @@ struct PoolStats {
 class Pool;
 struct VolumeState;
 
+// Whose cache is to keep what a read returns.
+enum class ReadCache {
+  kHost,  // the host's page cache of the data file (the default)
+  // The reader's own: it opened the volume with O_DIRECT (a loop device,
+  // a VM's disk with cache=none, a database). A read of several blocks
+  // that the host's cache does not hold then reads the data file past it
+  // (O_DIRECT) into the reader's buffer, rather than through pages the
+  // host allocates, fills, copies out of and keeps as a second copy of
+  // the reader's (docs/benchmarks.md, lever 46).
+  kReader,
+};
+
 // An open thin device. Obtained from Pool::OpenVolume; stays usable after
 // the device is unlinked (DetachName) until the last handle goes.
 //
@@ -197,8 +209,10 @@ class Volume {
 
   VolumeId id() const;
 
-  // Returns the bytes read; 0 at or past the end.
-  Result<size_t> Read(uint64_t offset, std::span<std::byte> buf);
+  // Returns the bytes read; 0 at or past the end. The bytes are the same
+  // whatever `cache` says.
+  Result<size_t> Read(uint64_t offset, std::span<std::byte> buf,
+                      ReadCache cache = ReadCache::kHost);
   // REQUIRES: offset + buf.size() <= size(). Returns kInvalidArgument past
   // the end, kNoSpace when a block cannot be provisioned, kReadOnly.
   Status Write(uint64_t offset, std::span<const std::byte> buf);

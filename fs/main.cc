@@ -184,6 +184,7 @@ int OpenAndServe(const MountOptions& options, const std::string& pool_root,
   config.allow_other = options.allow_other;
   config.writeback_cache = options.writeback_cache;
   config.page_cache = options.page_cache;
+  config.direct_reads = options.direct_reads;
   config.readahead_bytes = options.readahead_bytes;
   config.max_threads = options.threads;
   config.uring_threads = options.uring_threads;

@@ -51,6 +51,9 @@ struct MountOptions {
   bool direct_io = false;  // O_DIRECT on the data file
   // Cached data read out of a mapping of the data file (lever 35).
   bool mapped_reads = false;
+  // A read of several blocks through a file opened O_DIRECT, not cached,
+  // reads the data file with O_DIRECT (core/pool.h ReadCache, lever 46).
+  bool direct_reads = true;
   // A random read within one block, not cached, reads this much of the
   // block around it into the host's cache (lever 44); 0 off.
   uint64_t read_around_bytes = 64 << 10;
@@ -101,6 +104,9 @@ struct MountOptions {
 //   background_copies=on|off    a thread makes owed copies before the commit (on)
 //   zero_detect=on|off          whole-block zero writes unmap (default on)
 //   direct_io=on|off            O_DIRECT on the pool's data file (default off)
+//   direct_reads=on|off         reads of several blocks through a file
+//                               opened O_DIRECT, not cached, read the data
+//                               file with O_DIRECT (default on)
 //   read_around=SIZE            a random read within a block, not cached,
 //                               reads the block's SIZE-aligned window into
 //                               the host's cache (default 64K; 0 off)

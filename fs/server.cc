@@ -765,12 +765,18 @@ void OnCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
 }
 
 // Per-thread read buffer: reads are up to max_pages (1 MiB) and arrive on a
-// bounded set of workers, so reuse beats an allocation per read.
+// bounded set of workers, so reuse beats an allocation per read. Page
+// aligned, as a ring entry's payload is, so that a read past the host's
+// cache can go to it with O_DIRECT (ReadCache::kReader).
 std::byte* ReadBuffer(size_t size) {
-  thread_local std::unique_ptr<std::byte[]> buf;
+  constexpr std::align_val_t kAlign{4096};
+  struct Free {
+    void operator()(std::byte* p) const { ::operator delete[](p, kAlign); }
+  };
+  thread_local std::unique_ptr<std::byte[], Free> buf;
   thread_local size_t capacity = 0;
   if (capacity < size) {
-    buf.reset(new std::byte[size]);
+    buf.reset(static_cast<std::byte*>(::operator new[](size, kAlign)));
     capacity = size;
   }
   return buf.get();
@@ -783,7 +789,12 @@ void OnRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* 
     // Under io_uring, straight into the ring entry: the reply is not copied.
     std::byte* buf = UringTransport::ReplyBuffer(size);
     if (buf == nullptr) buf = ReadBuffer(size);
-    Result<size_t> n = handle->volume->Read(static_cast<uint64_t>(off), std::span(buf, size));
+    // An O_DIRECT opener (a loop device, qemu's cache=none) caches what it
+    // reads itself (libfuse passes the file's flags with each read).
+    const ReadCache cache = (fi->flags & O_DIRECT) && ServerOf(req)->config().direct_reads
+                                ? ReadCache::kReader
+                                : ReadCache::kHost;
+    Result<size_t> n = handle->volume->Read(static_cast<uint64_t>(off), std::span(buf, size), cache);
     if (!n.ok()) {
       ReplyError(req, n.status(), "read");
       return;

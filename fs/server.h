@@ -55,6 +55,9 @@ struct ServeConfig {
   // Off: every open of a volume file is answered as an O_DIRECT one
   // (FOPEN_DIRECT_IO | FOPEN_PARALLEL_DIRECT_WRITES): no kernel page cache.
   bool page_cache = true;
+  // A read through a file opened O_DIRECT asks the pool for
+  // ReadCache::kReader (mount option direct_reads).
+  bool direct_reads = true;
   // The root directory shows the pool directory's owner and times.
   uid_t root_uid = 0;
   gid_t root_gid = 0;

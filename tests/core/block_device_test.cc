@@ -162,8 +162,10 @@ TEST_P(FileBlockDeviceTest, ReadPiecesReadsWhatReadOfEachBlockReads) {
       pieces.push_back({PoolBlock(w.block), w.offset, std::span(buf).subspan(pos, w.len)});
       pos += w.len + 1;
     }
-    // Through pread, and through the file's mapping.
-    for (bool cached : {false, true}) {
+    // Through pread, through the file's mapping, and past the cache (these
+    // pieces are not aligned: pread again; ReadPiecesPastTheCache* below).
+    using Cache = BlockDevice::Cache;
+    for (Cache cached : {Cache::kUnknown, Cache::kHeld, Cache::kBypass}) {
       std::fill(buf.begin(), buf.end(), std::byte{0x5a});
       ASSERT_TRUE(dev->ReadPieces(pieces, cached).ok());
       EXPECT_EQ(buf[0], std::byte{0x5a});
@@ -172,7 +174,7 @@ TEST_P(FileBlockDeviceTest, ReadPiecesReadsWhatReadOfEachBlockReads) {
         const auto from = expect.begin() + static_cast<ptrdiff_t>(w.block * bs + w.offset);
         EXPECT_TRUE(std::equal(from, from + static_cast<ptrdiff_t>(w.len),
                                buf.begin() + static_cast<ptrdiff_t>(at[i])))
-            << "piece " << i << " block size " << bs << " cached " << cached;
+            << "piece " << i << " block size " << bs << " cache " << static_cast<int>(cached);
         EXPECT_EQ(buf[at[i] + w.len], std::byte{0x5a}) << "after piece " << i;
       }
     }
@@ -200,12 +202,12 @@ TEST_P(FileBlockDeviceTest, ReadPiecesSeeWritesDiscardsCopiesAndGrowth) {
                                   buf.begin() + static_cast<ptrdiff_t>((i + 1) * bs));
   };
   for (uint64_t b = 1; b <= 3; ++b) ASSERT_TRUE(d.Write(PoolBlock(b), 0, Pattern(bs, b)).ok());
-  ASSERT_TRUE(d.ReadPieces({&piece, 1}, true).ok());
+  ASSERT_TRUE(d.ReadPieces({&piece, 1}, BlockDevice::Cache::kHeld).ok());
   EXPECT_EQ(block_of_buf(1), Pattern(bs, 2));
   ASSERT_TRUE(d.Write(PoolBlock(2), 0, Pattern(bs, 20)).ok());
   ASSERT_TRUE(d.Discard(PoolBlock(3), 1).ok());
   ASSERT_TRUE(d.Copy(PoolBlock(2), PoolBlock(1), 0, bs).ok());
-  ASSERT_TRUE(d.ReadPieces({&piece, 1}, true).ok());
+  ASSERT_TRUE(d.ReadPieces({&piece, 1}, BlockDevice::Cache::kHeld).ok());
   EXPECT_EQ(block_of_buf(0), Pattern(bs, 20));
   EXPECT_EQ(block_of_buf(1), Pattern(bs, 20));
   EXPECT_TRUE(AllZero(block_of_buf(2)));
@@ -220,7 +222,7 @@ TEST_P(FileBlockDeviceTest, ReadPiecesSeeWritesDiscardsCopiesAndGrowth) {
   EXPECT_EQ((*plain)->mapped_length(), 0u) << "Grow() mapped a device without mapped reads";
   ASSERT_TRUE(d.Write(PoolBlock(40), 0, Pattern(bs, 40)).ok());
   const BlockDevice::ReadPiece grown{PoolBlock(39), 0, buf};
-  ASSERT_TRUE(d.ReadPieces({&grown, 1}, true).ok());
+  ASSERT_TRUE(d.ReadPieces({&grown, 1}, BlockDevice::Cache::kHeld).ok());
   EXPECT_TRUE(AllZero(block_of_buf(0)));
   EXPECT_EQ(block_of_buf(1), Pattern(bs, 40));
   EXPECT_TRUE(AllZero(block_of_buf(2)));
@@ -247,13 +249,13 @@ TEST(FileBlockDeviceTest, ReadPiecesOfAFileCutShortReadZerosAndDoNotDie) {
   }
   std::vector<std::byte> buf(6 * bs);
   const BlockDevice::ReadPiece piece{PoolBlock(1), 0, buf};
-  ASSERT_TRUE((*dev)->ReadPieces({&piece, 1}, true).ok());
+  ASSERT_TRUE((*dev)->ReadPieces({&piece, 1}, BlockDevice::Cache::kHeld).ok());
   ASSERT_EQ(std::vector<std::byte>(buf.begin(), buf.begin() + static_cast<ptrdiff_t>(bs)),
             Pattern(bs, 1));
   ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(2 * bs + 100)), 0);
   for (int round = 0; round < 2; ++round) {
     std::fill(buf.begin(), buf.end(), std::byte{0x5a});
-    ASSERT_TRUE((*dev)->ReadPieces({&piece, 1}, true).ok()) << "round " << round;
+    ASSERT_TRUE((*dev)->ReadPieces({&piece, 1}, BlockDevice::Cache::kHeld).ok()) << "round " << round;
     const std::vector<std::byte> want1 = Pattern(bs, 1);
     const std::vector<std::byte> want2 = Pattern(100, 2);
     EXPECT_TRUE(std::equal(want1.begin(), want1.end(), buf.begin())) << "round " << round;
@@ -311,9 +313,7 @@ class MappedReadCacheTest : public CacheFileTest {};
 TEST_F(MappedReadCacheTest, ACopyOfPagesTheCacheLostReadsOnlyThem) {
   const uint64_t bs = 64 * 1024;
   const uint64_t blocks = 64;
-  CreateFile(blocks * bs);
-  WriteAt(0, blocks * bs);
-  Evict();
+  CreateWrittenUncached(blocks * bs);
   auto dev = FileBlockDevice::Open(path_, Geometry(bs, blocks), false, /*read_only=*/true);
   ASSERT_TRUE(dev.ok()) << dev.status().ToString();
   (*dev)->EnableMappedReads();
@@ -322,7 +322,7 @@ TEST_F(MappedReadCacheTest, ACopyOfPagesTheCacheLostReadsOnlyThem) {
   ASSERT_EQ(residency.Resident(0, blocks * bs), 0u) << "the file did not leave the cache";
   std::vector<std::byte> buf(bs);
   const BlockDevice::ReadPiece piece{PoolBlock(32), 0, buf};
-  ASSERT_TRUE((*dev)->ReadPieces({&piece, 1}, /*cached=*/true).ok());
+  ASSERT_TRUE((*dev)->ReadPieces({&piece, 1}, BlockDevice::Cache::kHeld).ok());
   EXPECT_TRUE(
       std::all_of(buf.begin(), buf.end(), [](std::byte b) { return b == std::byte{0x5a}; }));
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
@@ -331,6 +331,89 @@ TEST_F(MappedReadCacheTest, ACopyOfPagesTheCacheLostReadsOnlyThem) {
 }
 
 // ----------------------------------------------------------------- Mem
+
+// kBypass pieces (lever 46): aligned ones are read with O_DIRECT, so the
+// host's cache of the file stays empty, and they read what Read() reads:
+// written data, data written but not yet written back (the kernel writes
+// it back first), zeros past the file's end. A piece that is not aligned
+// is read through the cache (its pages then cached), and RunsCached
+// tells which.
+class ReadPastCacheTest : public CacheFileTest {};
+
+TEST_F(ReadPastCacheTest, AlignedPiecesLeaveTheCacheEmptyAndReadWhatReadReads) {
+  const uint64_t bs = 64 * 1024;
+  const uint64_t blocks = 16;
+  CreateWrittenUncached(blocks * bs);
+  // Blocks past the file's end: the geometry addresses 4 more.
+  auto dev = FileBlockDevice::Open(path_, Geometry(bs, blocks + 4), false, false);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  FileBlockDevice& d = **dev;
+  ASSERT_TRUE(d.CanReadPastCache()) << "O_DIRECT refused on " << path_;
+  Residency residency(fd_, blocks * bs);
+  ASSERT_EQ(residency.Resident(0, blocks * bs), 0u) << "the file did not leave the cache";
+  using Cache = BlockDevice::Cache;
+  const BlockDevice::Run run{PoolBlock(4), 4};
+  EXPECT_FALSE(d.RunsCached({&run, 1}));
+
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  std::unique_ptr<std::byte, Free> mem(static_cast<std::byte*>(std::aligned_alloc(4096, 8 * bs)));
+  ASSERT_NE(mem, nullptr);
+  const std::span<std::byte> buf(mem.get(), 8 * bs);
+  auto equal = [](std::span<const std::byte> got, const std::vector<std::byte>& want) {
+    return std::equal(got.begin(), got.end(), want.begin(), want.end());
+  };
+  const std::vector<std::byte> written(bs, std::byte{0x5a});
+  // Blocks 4-7 from 8 KiB in, and 2 blocks past the end.
+  const BlockDevice::ReadPiece pieces[] = {{PoolBlock(4), 8192, buf.first(4 * bs - 8192)},
+                                           {PoolBlock(blocks + 1), 0, buf.subspan(4 * bs, 2 * bs)}};
+  std::fill(buf.begin(), buf.end(), std::byte{1});
+  ASSERT_TRUE(d.ReadPieces(pieces, Cache::kBypass).ok());
+  // The first at once with the second, which the file's end cut short and
+  // which was read again alone.
+  EXPECT_EQ(d.pieces_read_at_once(), 1u);
+  EXPECT_TRUE(std::all_of(buf.begin(), buf.begin() + static_cast<ptrdiff_t>(4 * bs - 8192),
+                          [](std::byte b) { return b == std::byte{0x5a}; }));
+  EXPECT_TRUE(std::all_of(buf.begin() + static_cast<ptrdiff_t>(4 * bs),
+                          buf.begin() + static_cast<ptrdiff_t>(6 * bs),
+                          [](std::byte b) { return b == std::byte{0}; }))
+      << "past the end";
+  EXPECT_EQ(residency.Resident(0, blocks * bs), 0u) << "a bypassing read filled the cache";
+
+  // Written through the cache and not yet written back.
+  ASSERT_TRUE(d.Write(PoolBlock(5), 4096, Pattern(bs - 8192, 5)).ok());
+  const BlockDevice::ReadPiece block5{PoolBlock(5), 0, buf.first(bs)};
+  ASSERT_TRUE(d.ReadPieces({&block5, 1}, Cache::kBypass).ok());
+  std::vector<std::byte> want5 = written;
+  const std::vector<std::byte> p5 = Pattern(bs - 8192, 5);
+  std::copy(p5.begin(), p5.end(), want5.begin() + 4096);
+  EXPECT_TRUE(equal(buf.first(bs), want5)) << "dirty cached data not read";
+
+  // Not aligned (the buffer one byte on): through the cache.
+  Evict();
+  const BlockDevice::ReadPiece odd{PoolBlock(8), 0, buf.subspan(1, 2 * bs)};
+  ASSERT_TRUE(d.ReadPieces({&odd, 1}, Cache::kBypass).ok());
+  EXPECT_TRUE(equal(buf.subspan(1, bs), written));
+  EXPECT_GT(residency.Resident(8 * bs, 2 * bs), 0u) << "an unaligned piece bypassed the cache";
+  const BlockDevice::Run run8{PoolBlock(8), 2};
+  if (CachedPages(fd_, 0, 4096).ok()) {
+    EXPECT_TRUE(d.RunsCached({&run8, 1}));
+  } else {
+    // No cachestat(2) (Linux < 6.5): nothing counts as cached, since the
+    // other probe would read the page in.
+    EXPECT_FALSE(d.RunsCached({&run8, 1}));
+  }
+  EXPECT_TRUE(d.CanReadPastCache());
+}
+
+// A device opened with O_DIRECT throughout has no cache to go past.
+TEST_F(ReadPastCacheTest, ADirectDeviceHasNoSecondDescriptor) {
+  CreateFile(1 << 20);
+  auto dev = FileBlockDevice::Open(path_, Geometry(64 * 1024, 16), /*direct=*/true, false);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  EXPECT_FALSE((*dev)->CanReadPastCache());
+}
 
 TEST(MemBlockDeviceTest, RoundTripSparseAndDiscard) {
   const uint64_t bs = 12 * 1024;

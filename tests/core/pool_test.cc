@@ -288,6 +288,94 @@ TEST(PoolTest, ReadsWithinOneBlockAreReadAroundUnlessTheyGoOnInOrder) {
   EXPECT_EQ(calls(), Calls{});
 }
 
+// A reader that keeps its own cache (ReadCache::kReader: the volume opened
+// O_DIRECT) has a read of several blocks that the host's cache does not
+// hold read past it (lever 46): no prefetch hint and no read through a
+// scratch buffer, only the probe, then ReadPieces with kBypass; kHeld where
+// the probe finds the blocks cached. Reads within one block, and every read
+// where the device cannot read past its cache, take the usual paths. What
+// is read is the same every way: mapped blocks, holes, a snapshot's shared
+// blocks and the origin's copied-on-write ones, some still owing their copy.
+TEST(PoolTest, ReadsForAReaderWithItsOwnCacheGoPastTheHostsCache) {
+  constexpr uint64_t kBlock = 64 << 10;
+  EngineFixture f(kBlock, 256);
+  ASSERT_TRUE(f.pool->CreateDevice("v", 16 * kBlock).ok());
+  auto v = Open(*f.pool, "v");
+  std::vector<std::byte> want(16 * kBlock);
+  const std::vector<std::byte> first = Pattern(6 * kBlock, 1);
+  std::copy(first.begin(), first.end(), want.begin());  // vblocks 6-15: holes
+  ASSERT_OK(v->Write(0, first));
+  ASSERT_OK(f.pool->Commit());
+  ASSERT_TRUE(f.pool->CreateSnapshot("v", "s").ok());
+  auto s = Open(*f.pool, "s");
+  const std::vector<std::byte> snapped = want;
+  // 4 KiB into vblocks 1 and 3: copy-on-write, the rest owed to the commit.
+  for (uint64_t b : {1, 3}) {
+    const std::vector<std::byte> part = Pattern(4096, 10 + b);
+    ASSERT_OK(v->Write(b * kBlock + 8192, part));
+    std::copy(part.begin(), part.end(), want.begin() + static_cast<ptrdiff_t>(b * kBlock + 8192));
+  }
+  testing::ForwardingBlockDevice& data = *f.data_forwarder;
+  data.report_cold = true;
+  auto taken = [&] {
+    std::lock_guard<std::mutex> l(data.prefetch_mu);
+    auto r = std::make_pair(std::exchange(data.piece_caches, {}), std::exchange(data.prefetched, {}));
+    data.prefetched_ahead.clear();
+    data.prefetch_reads.clear();
+    return r;
+  };
+  using Cache = BlockDevice::Cache;
+  using Caches = std::vector<Cache>;
+  using Hints = std::vector<std::pair<uint64_t, uint64_t>>;
+  std::vector<std::byte> buf(16 * kBlock);
+  auto read = [&](Volume& vol, uint64_t offset, size_t len, ReadCache cache) {
+    buf.assign(len, std::byte{0x5a});
+    ASSERT_OK(vol.Read(offset, buf, cache).status());
+  };
+  auto expect = [&](const std::vector<std::byte>& of, uint64_t offset, const char* what) {
+    EXPECT_TRUE(std::equal(buf.begin(), buf.end(), of.begin() + static_cast<ptrdiff_t>(offset)))
+        << what << " at " << offset;
+  };
+  taken();
+  // The device cannot read past its cache: kReader reads as kHost does.
+  read(*v, 0, 16 * kBlock, ReadCache::kReader);
+  expect(want, 0, "origin");
+  EXPECT_EQ(taken().first, Caches{Cache::kUnknown});
+  data.reads_past_cache = true;
+  for (uint64_t offset : {uint64_t{0}, kBlock / 2, 5 * kBlock}) {
+    read(*v, offset, 16 * kBlock - offset - kBlock, ReadCache::kReader);
+    expect(want, offset, "origin");
+    auto [caches, hints] = taken();
+    EXPECT_EQ(caches, Caches{Cache::kBypass}) << offset;
+    EXPECT_EQ(hints, Hints{}) << "a bypassing read hinted, at " << offset;
+  }
+  read(*s, 0, 8 * kBlock, ReadCache::kReader);
+  expect(snapped, 0, "snapshot");
+  EXPECT_EQ(taken().first, Caches{Cache::kBypass});
+  // Cached: copied out of the host's cache as for any reader.
+  data.report_cold = false;
+  data.report_cached = true;
+  read(*v, 0, 4 * kBlock, ReadCache::kReader);
+  expect(want, 0, "origin");
+  EXPECT_EQ(taken().first, Caches{Cache::kHeld});
+  // The host's cache's reader, and a read within one block: as before.
+  data.report_cached = false;
+  data.report_cold = true;
+  read(*v, 0, 4 * kBlock, ReadCache::kHost);
+  expect(want, 0, "origin");
+  auto [caches, hints] = taken();
+  EXPECT_EQ(caches, Caches{Cache::kUnknown});
+  EXPECT_FALSE(hints.empty()) << "a cold read for the host's cache was not hinted";
+  read(*v, 3 * kBlock + 4096, 8192, ReadCache::kReader);
+  expect(want, 3 * kBlock + 4096, "origin");
+  EXPECT_EQ(taken().first, Caches{});
+  ASSERT_OK(f.pool->Commit());
+  read(*v, 0, 16 * kBlock, ReadCache::kReader);
+  expect(want, 0, "origin after the commit");
+  read(*s, 0, 16 * kBlock, ReadCache::kReader);
+  expect(snapped, 0, "snapshot after the commit");
+}
+
 // A sequential reader whose blocks lie scattered in the data area gets
 // readahead in the device's block order: a cold read of several runs that
 // starts where the last read ended hints the next 4 MiB of the device (4

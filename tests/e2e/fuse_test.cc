@@ -13,7 +13,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -295,6 +297,99 @@ TEST_F(FuseTest, MappedReadsReadWhatWasWrittenThroughCopyOnWrite) {
   }
   EXPECT_GT(MappedResidentKb(daemons[0], pool_ + "/data"), 0) << "the mapping was not read";
   ASSERT_EQ(Unmount(), "");
+  CommandResult check = Thinfs({"check", pool_});
+  EXPECT_EQ(check.exit_code, 0) << check.output;
+}
+
+// `size` bytes of `path` from 0, read with O_DIRECT in reads of 1 MiB
+// (each of 16 blocks: the read-of-several-blocks path).
+std::vector<char> ReadDirect(const std::string& path, size_t size) {
+  constexpr size_t kChunk = 1 << 20;
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char, Free> buf(static_cast<char*>(std::aligned_alloc(4096, kChunk)));
+  std::vector<char> out;
+  const int fd = open(path.c_str(), O_RDONLY | O_DIRECT);
+  EXPECT_GE(fd, 0) << path << ": " << strerror(errno);
+  if (fd < 0 || buf == nullptr) return out;
+  for (size_t at = 0; at < size; at += kChunk) {
+    const ssize_t n = pread(fd, buf.get(), kChunk, static_cast<off_t>(at));
+    EXPECT_EQ(n, static_cast<ssize_t>(kChunk)) << path << " at " << at << ": " << strerror(errno);
+    if (n <= 0) break;
+    out.insert(out.end(), buf.get(), buf.get() + n);
+  }
+  close(fd);
+  return out;
+}
+
+// direct_reads (lever 46): reads of several blocks through a volume file
+// opened O_DIRECT, whose blocks the host's cache of pool/data does not
+// hold, read pool/data with O_DIRECT, so pool/data stays uncached; with
+// direct_reads=off the same reads fill that cache. Either way they read
+// what was written: a snapshot's shared blocks and the origin's
+// copied-on-write ones. So does a loop device with direct I/O over the
+// origin (losetup opens it O_DIRECT), read with and without O_DIRECT.
+TEST_F(FuseTest, DirectReadsOfAnODirectOpenerLeavePoolDataUncached) {
+  RequireLoopDevices();
+  FormatPool("64M");
+  const size_t size = 8 << 20;
+  for (const bool direct_reads : {true, false}) {
+    ASSERT_EQ(MountForeground(direct_reads ? "" : "direct_reads=off"), "");
+    const std::string v = direct_reads ? "v" : "w";
+    Truncate(v, "8M");
+    std::vector<char> origin = Pattern(direct_reads ? 9 : 10, 0, size);
+    WriteAt(Vol(v), 0, origin, /*do_fsync=*/true);
+    CommandResult r = Thinfs({"snapshot", pool_, v, v + "s"});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::vector<char> snapped = origin;
+    // 4 KiB into every other 64 KiB block: copy-on-write of half of them.
+    for (size_t off = 5000; off < size; off += 2 * kBlockSize) {
+      std::vector<char> part = Pattern(11, off, 4096);
+      WriteAt(Vol(v), off, part, /*do_fsync=*/false);
+      std::copy(part.begin(), part.end(), origin.begin() + static_cast<ptrdiff_t>(off));
+    }
+    WriteAt(Vol(v), 0, {origin.begin(), origin.begin() + 1}, /*do_fsync=*/true);
+
+    // pool/data leaves the host's cache (written back by the fsync).
+    const std::string data = pool_ + "/data";
+    const int fd = open(data.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0) << strerror(errno);
+    struct stat st {};
+    ASSERT_EQ(fstat(fd, &st), 0);
+    const size_t data_bytes = static_cast<size_t>(st.st_size);
+    ASSERT_EQ(fdatasync(fd), 0);
+    ASSERT_EQ(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    Residency residency(fd, data_bytes);
+    const size_t before = residency.Resident(0, data_bytes);
+    EXPECT_EQ(ReadDirect(Vol(v), size), origin) << "direct_reads " << direct_reads;
+    EXPECT_EQ(ReadDirect(Vol(v + "s"), size), snapped) << "direct_reads " << direct_reads;
+    const size_t after = residency.Resident(0, data_bytes);
+    close(fd);
+    if (direct_reads) {
+      EXPECT_EQ(after, before) << "O_DIRECT reads filled pool/data's cache";
+      // ext4 on a loop device would cache what it reads: the device alone,
+      // through the loop's direct I/O, with dd reading it both ways.
+      const std::string loop = AttachLoop(Vol(v), /*direct_io=*/true);
+      ASSERT_FALSE(loop.empty());
+      const std::string want = dir_ + "/want";
+      {
+        std::FILE* f = std::fopen(want.c_str(), "w");
+        ASSERT_NE(f, nullptr);
+        ASSERT_EQ(std::fwrite(origin.data(), 1, origin.size(), f), origin.size());
+        std::fclose(f);
+      }
+      for (const char* flag : {"iflag=direct", ""}) {
+        CommandResult cmp = RunCommand("dd if=" + ShellQuote(loop) + " bs=1M " + flag +
+                                       " status=none | cmp - " + ShellQuote(want));
+        EXPECT_EQ(cmp.exit_code, 0) << flag << ": " << cmp.output;
+      }
+      EXPECT_EQ(DetachLoop(loop), "");
+    } else {
+      EXPECT_GE(after - before, size / 4096) << "the control: reads did not fill pool/data's cache";
+    }
+    ASSERT_EQ(Unmount(), "");
+  }
   CommandResult check = Thinfs({"check", pool_});
   EXPECT_EQ(check.exit_code, 0) << check.output;
 }

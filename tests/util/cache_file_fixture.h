@@ -77,6 +77,12 @@ class CacheFileTest : public ::testing::Test {
     ASSERT_EQ(::pwrite(fd_, buf.data(), len, static_cast<off_t>(offset)),
               static_cast<ssize_t>(len));
   }
+  // A file of `size` bytes of 0x5a, written back and out of the cache.
+  void CreateWrittenUncached(uint64_t size) {
+    CreateFile(size);
+    WriteAt(0, size);
+    Evict();
+  }
   // Writes the file's dirty pages back and drops its cached ones.
   void Evict() {
     ASSERT_EQ(::fdatasync(fd_), 0);

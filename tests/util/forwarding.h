@@ -67,6 +67,19 @@ class ForwardingBlockDevice final : public BlockDevice {
     reads.fetch_add(1, std::memory_order_relaxed);
     return t_->ReadAround(b, o, buf);
   }
+  // Block by block through this forwarder (BlockDevice's default), so that
+  // `reads` counts them; the cache each call was given is recorded.
+  Status ReadPieces(std::span<const ReadPiece> pieces, Cache cache) override {
+    {
+      std::lock_guard<std::mutex> l(prefetch_mu);
+      piece_caches.push_back(cache);
+    }
+    return BlockDevice::ReadPieces(pieces, cache);
+  }
+  bool RunsCached(std::span<const Run> runs) override {
+    return report_cached || (!report_cold && t_->RunsCached(runs));
+  }
+  bool CanReadPastCache() const override { return reads_past_cache || t_->CanReadPastCache(); }
   Status Copy(PoolBlock from, PoolBlock to, uint64_t o, uint64_t n) override {
     return t_->Copy(from, to, o, n);
   }
@@ -99,9 +112,17 @@ class ForwardingBlockDevice final : public BlockDevice {
     bool operator==(const ReadAroundCall&) const = default;
   };
   std::vector<ReadAroundCall> read_arounds;
+  // The cache given to each ReadPieces call.
+  std::vector<Cache> piece_caches;
   // PrefetchForRead reports every read not cached, as a cold page cache
-  // would (the target may be a MemBlockDevice, which hints nothing).
+  // would (the target may be a MemBlockDevice, which hints nothing), and
+  // RunsCached says not cached.
   bool report_cold = false;
+  // RunsCached says cached, as a warm page cache would.
+  bool report_cached = false;
+  // Claim that ReadPieces can read past the host's cache (ReadCache::kReader
+  // reads then take that path over a MemBlockDevice, which cannot).
+  bool reads_past_cache = false;
   // Claim that copies share data, like a reflinking file system: the
   // engine then never reads a copy's source itself.
   bool shares_copies = false;
