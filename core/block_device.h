@@ -273,7 +273,7 @@ class FileBlockDevice final : public BlockDevice {
   // false when it cannot (not aligned, no such descriptor) or the kernel
   // refused, and then the caller reads them through the cache.
   bool ReadPastCache(uint64_t pos, std::span<std::byte> buf);
-  // ReadPastCache of every aligned piece at once (Linux AIO, up to 32);
+  // ReadPastCache of every aligned piece at once (Linux AIO, 32 at a time);
   // sets done[i] for each piece read whole and returns how many. The
   // others are left for ReadPastCache or Read one by one.
   size_t ReadPastCacheAtOnce(std::span<const ReadPiece> pieces, std::vector<bool>* done);

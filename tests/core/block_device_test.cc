@@ -355,12 +355,9 @@ TEST_F(ReadPastCacheTest, AlignedPiecesLeaveTheCacheEmptyAndReadWhatReadReads) {
   const BlockDevice::Run run{PoolBlock(4), 4};
   EXPECT_FALSE(d.RunsCached({&run, 1}));
 
-  struct Free {
-    void operator()(std::byte* p) const { std::free(p); }
-  };
-  std::unique_ptr<std::byte, Free> mem(static_cast<std::byte*>(std::aligned_alloc(4096, 8 * bs)));
-  ASSERT_NE(mem, nullptr);
-  const std::span<std::byte> buf(mem.get(), 8 * bs);
+  const AlignedBytes mem(8 * bs);
+  const std::span<std::byte> buf = mem.span();
+  ASSERT_FALSE(buf.empty());
   auto equal = [](std::span<const std::byte> got, const std::vector<std::byte>& want) {
     return std::equal(got.begin(), got.end(), want.begin(), want.end());
   };
@@ -405,6 +402,31 @@ TEST_F(ReadPastCacheTest, AlignedPiecesLeaveTheCacheEmptyAndReadWhatReadReads) {
     EXPECT_FALSE(d.RunsCached({&run8, 1}));
   }
   EXPECT_TRUE(d.CanReadPastCache());
+}
+
+// More pieces than one batch of the at-once read (32): every other 4 KiB
+// block of a file, 40 pieces, all read at once and right.
+TEST_F(ReadPastCacheTest, PiecesBeyondOneBatchAreReadAtOnceToo) {
+  const uint64_t bs = 4096;
+  CreateWrittenUncached(128 * bs);
+  auto dev = FileBlockDevice::Open(path_, Geometry(bs, 128), false, false);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  ASSERT_TRUE((*dev)->CanReadPastCache());
+  constexpr size_t kPieces = 40;
+  const AlignedBytes mem(kPieces * bs);
+  const std::span<std::byte> buf = mem.span();
+  ASSERT_FALSE(buf.empty());
+  std::fill(buf.begin(), buf.end(), std::byte{1});
+  std::vector<BlockDevice::ReadPiece> pieces;
+  for (size_t i = 0; i < kPieces; ++i) {
+    pieces.push_back({PoolBlock(2 * i + 1), 0, buf.subspan(i * bs, bs)});
+  }
+  ASSERT_TRUE((*dev)->ReadPieces(pieces, BlockDevice::Cache::kBypass).ok());
+  EXPECT_EQ((*dev)->pieces_read_at_once(), kPieces);
+  EXPECT_TRUE(
+      std::all_of(buf.begin(), buf.end(), [](std::byte b) { return b == std::byte{0x5a}; }));
+  Residency residency(fd_, 128 * bs);
+  EXPECT_EQ(residency.Resident(0, 128 * bs), 0u);
 }
 
 // A device opened with O_DIRECT throughout has no cache to go past.

@@ -305,19 +305,17 @@ TEST_F(FuseTest, MappedReadsReadWhatWasWrittenThroughCopyOnWrite) {
 // (each of 16 blocks: the read-of-several-blocks path).
 std::vector<char> ReadDirect(const std::string& path, size_t size) {
   constexpr size_t kChunk = 1 << 20;
-  struct Free {
-    void operator()(char* p) const { std::free(p); }
-  };
-  std::unique_ptr<char, Free> buf(static_cast<char*>(std::aligned_alloc(4096, kChunk)));
+  const AlignedBytes mem(kChunk);
+  const char* buf = reinterpret_cast<const char*>(mem.span().data());
   std::vector<char> out;
   const int fd = open(path.c_str(), O_RDONLY | O_DIRECT);
   EXPECT_GE(fd, 0) << path << ": " << strerror(errno);
-  if (fd < 0 || buf == nullptr) return out;
+  if (fd < 0 || mem.span().empty()) return out;
   for (size_t at = 0; at < size; at += kChunk) {
-    const ssize_t n = pread(fd, buf.get(), kChunk, static_cast<off_t>(at));
+    const ssize_t n = pread(fd, mem.span().data(), kChunk, static_cast<off_t>(at));
     EXPECT_EQ(n, static_cast<ssize_t>(kChunk)) << path << " at " << at << ": " << strerror(errno);
     if (n <= 0) break;
-    out.insert(out.end(), buf.get(), buf.get() + n);
+    out.insert(out.end(), buf, buf + n);
   }
   close(fd);
   return out;

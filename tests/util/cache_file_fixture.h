@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -56,6 +57,22 @@ class Residency {
  private:
   size_t bytes_;
   void* addr_ = MAP_FAILED;
+};
+
+// A buffer aligned as O_DIRECT wants (4 KiB), for reads past the cache.
+class AlignedBytes {
+ public:
+  explicit AlignedBytes(size_t n)
+      : p_(static_cast<std::byte*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096))), n_(n) {}
+  ~AlignedBytes() { std::free(p_); }
+  AlignedBytes(const AlignedBytes&) = delete;
+  AlignedBytes& operator=(const AlignedBytes&) = delete;
+  // Empty when the allocation failed.
+  std::span<std::byte> span() const { return p_ == nullptr ? std::span<std::byte>() : std::span(p_, n_); }
+
+ private:
+  std::byte* p_;
+  size_t n_;
 };
 
 class CacheFileTest : public ::testing::Test {
