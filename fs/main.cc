@@ -189,7 +189,7 @@ int OpenAndServe(const MountOptions& options, const std::string& pool_root,
   config.max_threads = options.threads;
   config.uring_threads = options.uring_threads;
   config.io_uring = options.io_uring;
-  config.max_idle_threads = std::min(config.max_idle_threads, options.threads);
+  config.max_idle_threads = options.threads;
   config.root_uid = root_st.st_uid;
   config.root_gid = root_st.st_gid;
   config.root_mtime_ns = int64_t{root_st.st_mtim.tv_sec} * 1'000'000'000 + root_st.st_mtim.tv_nsec;

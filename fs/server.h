@@ -63,8 +63,12 @@ struct ServeConfig {
   gid_t root_gid = 0;
   int64_t root_mtime_ns = 0;
   int64_t root_ctime_ns = 0;
-  // Worker threads kept idle by libfuse's loop.
-  unsigned max_idle_threads = 16;
+  // Worker threads libfuse's loop keeps while idle. The daemon keeps all
+  // of them (max_threads, as the mount sets it): a worker that ends and is
+  // started again at the next burst costs a thread, a /dev/fuse clone and
+  // fresh buffers each time; 16 of 32 cost QD32 reads 12% (docs/
+  // benchmarks.md, lever 47). Their buffers, about 2 MiB per worker, stay.
+  unsigned max_idle_threads = 32;
   // Worker threads at most (libfuse starts them as requests wait; mount
   // option threads=N). Each serves one request at a time, so this bounds
   // the requests served at once: libfuse's default of 10 capped a loop
