@@ -495,49 +495,39 @@ Status FileBlockDevice::ReadPieces(std::span<const ReadPiece> pieces, Cache cach
 
 bool FileBlockDevice::ReadPastCache(uint64_t pos, std::span<std::byte> buf) {
   if (!CanReadPastCache() || !Aligned(pos, buf.size(), buf.data())) return false;
-  size_t done = 0;
-  while (done < buf.size()) {
-    const ssize_t n = ::pread(bypass_fd_, buf.data() + done, buf.size() - done,
-                              static_cast<off_t>(pos + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      // EINVAL: the file system wants more than 4 KiB alignment. Anything
-      // else the read through the cache meets again and reports.
-      if (errno == EINVAL) bypass_.store(false, std::memory_order_relaxed);
-      return false;
-    }
-    if (n == 0) {
-      // Past the end of a data file that was never extended: zeros.
-      std::memset(buf.data() + done, 0, buf.size() - done);
-      return true;
-    }
-    done += static_cast<size_t>(n);
-  }
-  return true;
+  const Status s = PreadAll(bypass_fd_, buf.data(), buf.size(), pos);
+  // EINVAL: the file system wants more than 4 KiB alignment. Anything
+  // else the read through the cache meets again and reports.
+  if (!s.ok() && s.saved_errno() == EINVAL) bypass_.store(false, std::memory_order_relaxed);
+  return s.ok();
+}
+
+uint64_t FileBlockDevice::EndOf(std::span<const Run> runs) const {
+  const Run& tail = runs.back();
+  return geometry_.BytesOf(tail.first.value + tail.count);
 }
 
 bool FileBlockDevice::RunsCached(std::span<const Run> runs) {
-  if (direct_ || runs.empty() || !cachestat_.load(std::memory_order_relaxed)) return false;
+  if (direct_ || runs.empty()) return false;
   // cachestat(2) only: the RWF_NOWAIT probe of CachedAt starts reading
   // (and the host's readahead after it) the page it misses, which a read
   // past the cache must not (lever 46). Without it (Linux < 6.5) nothing
   // counts as cached, and the O_DIRECT read writes dirty pages back first.
-  const Run& tail = runs.back();
-  Result<uint64_t> pages =
-      CachedPages(fd_, geometry_.BytesOf(tail.first.value + tail.count) - 1, 1);
+  return CachestatAt(EndOf(runs) - 1).value_or(false);
+}
+
+std::optional<bool> FileBlockDevice::CachestatAt(uint64_t offset) {
+  if (!cachestat_.load(std::memory_order_relaxed)) return std::nullopt;
+  Result<uint64_t> pages = CachedPages(fd_, offset, 1);
   if (pages.ok()) return *pages != 0;
-  cachestat_.store(false, std::memory_order_relaxed);  // as CachedAt
-  return false;
+  // Not on this kernel or for this descriptor: no later call would do
+  // better.
+  cachestat_.store(false, std::memory_order_relaxed);
+  return std::nullopt;
 }
 
 bool FileBlockDevice::CachedAt(uint64_t offset) {
-  if (cachestat_.load(std::memory_order_relaxed)) {
-    Result<uint64_t> pages = CachedPages(fd_, offset, 1);
-    if (pages.ok()) return *pages != 0;
-    // Not on this kernel or for this descriptor: no later call would do
-    // better.
-    cachestat_.store(false, std::memory_order_relaxed);
-  }
+  if (std::optional<bool> cached = CachestatAt(offset)) return *cached;
   char byte;
   struct iovec iov {&byte, 1};
   return ::preadv2(fd_, &iov, 1, static_cast<off_t>(offset), RWF_NOWAIT) == 1;
@@ -549,8 +539,7 @@ bool FileBlockDevice::PrefetchForRead(std::span<const Run> runs, uint64_t head,
   // Cached already (the kernel read ahead of a sequential reader): leave
   // its readahead alone. A WILLNEED over pages it would read ahead anyway
   // loses their readahead mark, and the reader then waits for each window.
-  const Run& tail = runs.back();
-  const uint64_t end = geometry_.BytesOf(tail.first.value + tail.count);
+  const uint64_t end = EndOf(runs);
   if (CachedAt(end - 1)) return false;
   if (runs.size() > 1 || scratch.empty()) {
     for (const Run& r : runs) Prefetch(r.first, r.count);
@@ -560,7 +549,7 @@ bool FileBlockDevice::PrefetchForRead(std::span<const Run> runs, uint64_t head,
   // reader's next request then finds its blocks cached (or on their way)
   // where after a WILLNEED, which leaves no readahead mark, every request
   // would wait for its own blocks (lever 21).
-  const uint64_t start = geometry_.BytesOf(tail.first.value) + head;
+  const uint64_t start = geometry_.BytesOf(runs.back().first.value) + head;
   const size_t len = static_cast<size_t>(std::min<uint64_t>(scratch.size(), end - start));
   // A hint: a failure is the caller's to see when it reads.
   (void)::pread(fd_, scratch.data(), len, static_cast<off_t>(start));

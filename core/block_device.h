@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -259,8 +260,13 @@ class FileBlockDevice final : public BlockDevice {
       : fd_(fd), geometry_(g), direct_(direct), is_blockdev_(is_blockdev) {}
 
   // Whether the page holding byte `offset` of the file is in the page
-  // cache (PrefetchForRead's probe).
+  // cache (PrefetchForRead's probe): cachestat(2), else a one-byte
+  // preadv2(RWF_NOWAIT), which on a miss starts reading the page.
   bool CachedAt(uint64_t offset);
+  // The same by cachestat(2) alone; nullopt where it cannot tell.
+  std::optional<bool> CachestatAt(uint64_t offset);
+  // The byte after the last run's last block. REQUIRES: !runs.empty().
+  uint64_t EndOf(std::span<const Run> runs) const;
 
   // Maps the first `len` bytes of the file read-only, unless a mapping as
   // long is current; a failed mmap leaves reads to pread.
