@@ -17,7 +17,9 @@ options or another binary, for a lever's before/after), raw-loop-ext4-alt
 and thinfs-loop-ext4-alt (--alt-loop-options), fuse-passthrough-alt, and
 passthrough-loop-ext4 (ext4 on a loop device over a file in a FUSE
 passthrough, --loop-passthrough: what FUSE alone costs a loop device,
-target 4's ceiling).
+target 4's ceiling). The -alt targets live on a second pool, whose layout
+differs: its loop device's seqread1M can differ by 30% with the same
+options (bench/loop_remount.sh compares options on one pool).
 Non-COW targets are written once before round 1 (untimed), so their jobs
 overwrite; COW targets (-snap, -reflink) get a new snapshot/copy of a fully
 written origin before every job, so their writes copy on write.
