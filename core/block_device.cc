@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "core/check.h"
 #include "core/page_cache.h"
 
 namespace thinfs {
@@ -453,8 +454,9 @@ size_t FileBlockDevice::ReadPastCacheAtOnce(std::span<const ReadPiece> pieces,
       const long n = ::syscall(SYS_io_getevents, ctx, submitted - reaped, submitted - reaped,
                                events.data(), nullptr);
       if (n < 0 && errno == EINTR) continue;
-      // Reads in flight would write into buffers the caller frees.
-      if (n < 0) std::abort();
+      // Only a bug gets here (EFAULT, EINVAL), and reads in flight would
+      // write into buffers the caller frees: log where, and stop.
+      THINFS_CHECK(n >= 0);
       for (const io_event& ev : std::span(events).first(static_cast<size_t>(n))) {
         const size_t i = static_cast<size_t>(ev.data);
         // Short (the file's end) or failed: read again alone, which zero
