@@ -848,7 +848,9 @@ struct Pool::Impl {
   // finding, one copy out of the file's mapping, lever 35:
   // docs/benchmarks.md). A block that owes its copy is read through
   // `copies` on its own. `cache`: what the caller's probe found
-  // (BlockDevice::ReadPieces).
+  // (BlockDevice::ReadPieces); kBypass, for a reader with its own cache
+  // (ReadCache::kReader), is probed here instead: kHeld where the host's
+  // cache holds the end of the last mapped block (RunsCached, lever 46).
   Status ReadBlocks(VolumeState& vol, uint64_t offset, std::span<std::byte> buf,
                     BlockDevice::Cache cache) {
     const uint64_t first = geometry.BlockOf(offset);
@@ -858,8 +860,9 @@ struct Pool::Impl {
     for (uint64_t b = first; b < last; ++b) stripes.push_back(&Stripe(vol.id, b));
     SharedStripes held(std::move(stripes));
 
-    std::vector<BlockDevice::ReadPiece> pieces;
+    std::vector<BlockDevice::ReadPiece> pieces, owed;
     pieces.reserve(last - first);
+    std::optional<PoolBlock> last_mapped;
     const uint64_t bs = geometry.block_size();
     size_t done = 0;
     while (done < buf.size()) {
@@ -875,11 +878,12 @@ struct Pool::Impl {
         continue;
       }
       const PoolBlock pb = r.value.block;
+      last_mapped = pb;
       // Under the stripe a mapped block cannot start owing a copy (only a
       // new block does, before it is mapped), so one that owes none now is
       // read straight from the data device.
       if (copies.Owes(pb)) {
-        THINFS_RETURN_IF_ERROR(copies.Read(pb, off, out));
+        owed.push_back(BlockDevice::ReadPiece{pb, off, out});
         continue;
       }
       if (!pieces.empty()) {
@@ -893,6 +897,14 @@ struct Pool::Impl {
         }
       }
       pieces.push_back(BlockDevice::ReadPiece{pb, off, out});
+    }
+    // Probed before the owed copies are read, which may cache that page.
+    if (cache == BlockDevice::Cache::kBypass && last_mapped) {
+      const BlockDevice::Run tail{*last_mapped, 1};
+      if (data->RunsCached({&tail, 1})) cache = BlockDevice::Cache::kHeld;
+    }
+    for (const BlockDevice::ReadPiece& o : owed) {
+      THINFS_RETURN_IF_ERROR(copies.Read(o.block, o.offset, o.buf));
     }
     return data->ReadPieces(pieces, cache);
   }
@@ -1670,11 +1682,10 @@ Result<size_t> Volume::Read(uint64_t offset, std::span<std::byte> buf, ReadCache
   using Cache = BlockDevice::Cache;
   if (cache == ReadCache::kReader && p.data->CanReadPastCache()) {
     // Several blocks for a reader with its own cache: past the host's
-    // unless the host's holds them already. No hint: the disk reads
-    // straight into `out`, and the reader's own readahead keeps several
-    // such reads in flight (lever 46).
-    const bool held = p.data->RunsCached(p.PoolRuns(st, first, end, nullptr));
-    THINFS_RETURN_IF_ERROR(p.ReadBlocks(st, offset, out, held ? Cache::kHeld : Cache::kBypass));
+    // unless the host's holds them already (ReadBlocks probes it). No
+    // hint: the disk reads straight into `out`, and the reader's own
+    // readahead keeps several such reads in flight (lever 46).
+    THINFS_RETURN_IF_ERROR(p.ReadBlocks(st, offset, out, Cache::kBypass));
     return len;
   }
   // Several blocks: let their cold reads overlap (docs/design.md, "Locking"),
