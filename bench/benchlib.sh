@@ -14,6 +14,18 @@ disk_stat_file() {
   echo "$stat"
 }
 
+# Prints the reads completed and the sectors read so far (fields 1 and 3)
+# of STAT_FILE, a /sys/class/block/DEV/stat file (disk_stat_file).
+disk_reads() {
+  awk '{print $1, $3}' "$1"
+}
+
+# Prints the read bandwidth in MiB/s, rounded, of fio's JSON output in
+# FILE (whatever fio printed before the JSON is skipped).
+fio_read_mibs() {
+  python3 -c 'import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):]); print(round(j["jobs"][0]["read"]["bw_bytes"] / 2**20))' "$1"
+}
+
 # Prints lines 2 to LAST of the calling script's header comment, without
 # the comment marks: its usage text.
 header_usage() {

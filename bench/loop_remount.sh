@@ -51,7 +51,7 @@ make_work_dir loop_remount "$work"
 stat_file=$(disk_stat_file "$work" loop_remount)
 
 pool=$work/pool mnt=$work/mnt vol_ext4=$work/vol-ext4 plain_ext4=$work/plain-ext4
-vol_loop= plain_loop= pool_mounted=0
+vol_loop='' plain_loop='' pool_mounted=0
 cleanup() {
   mountpoint -q "$vol_ext4" && umount "$vol_ext4"
   mountpoint -q "$plain_ext4" && umount "$plain_ext4"
@@ -96,17 +96,16 @@ cp "$work/src" "$plain_ext4/file"
 rm "$work/src"
 sync
 
-disk_reads() { awk '{print $1, $3}' "$stat_file"; }
 # read_file FILE: prints MiB/s, disk reads, disk MiB.
 read_file() {
   local f=$1 ios0 sec0 ios1 sec1
   sync
   echo 3 >/proc/sys/vm/drop_caches
-  read -r ios0 sec0 < <(disk_reads)
+  read -r ios0 sec0 < <(disk_reads "$stat_file")
   fio --name=read --filename="$f" --rw=read --bs=1M --size="$bytes" --ioengine=psync \
     --invalidate=1 --output-format=json --output="$work/out.json"
-  read -r ios1 sec1 < <(disk_reads)
-  python3 -c 'import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):]); print(round(j["jobs"][0]["read"]["bw_bytes"] / 2**20))' "$work/out.json"
+  read -r ios1 sec1 < <(disk_reads "$stat_file")
+  fio_read_mibs "$work/out.json"
   echo "$((ios1 - ios0)) $(((sec1 - sec0) / 2048))"
 }
 engine_reads() {

@@ -59,7 +59,7 @@ trap cleanup EXIT
 # The block device under the work directory, as /sys/class/block names it.
 stat_file=$(disk_stat_file "$work" scattered_read) || stat_file=
 counters() {  # read I/Os completed and sectors read (fields 1 and 3), or 0 0
-  if [[ -n $stat_file ]]; then awk '{print $1, $3}' "$stat_file"; else echo 0 0; fi
+  if [[ -n $stat_file ]]; then disk_reads "$stat_file"; else echo 0 0; fi
 }
 
 for i in "${!bins[@]}"; do
@@ -101,7 +101,7 @@ for ((r = 1; r <= rounds; r++)); do
       fio --name=read --filename="$work/$i/mnt/$f" "${read_args[@]}" \
         --output-format=json --output="$work/out.json"
       read -r ios1 sec1 < <(counters)
-      bw=$(python3 -c 'import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):]); print(round(j["jobs"][0]["read"]["bw_bytes"] / 2**20))' "$work/out.json")
+      bw=$(fio_read_mibs "$work/out.json")
       ios=$((ios1 - ios0)) sectors=$((sec1 - sec0))
       if [[ -n $stat_file ]]; then
         disk=("$((sectors / 2048))" "$ios" "$((sectors / 2 / (ios > 0 ? ios : 1)))")
