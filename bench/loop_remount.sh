@@ -7,13 +7,16 @@
 # read up to 30% apart in target 4's seqread1M (their layouts differ),
 # which hides a lever's effect there.
 #
-#   bench/loop_remount.sh [--rounds N] [--size SIZE] [--dir DIR] BINARY OPTIONS...
+#   bench/loop_remount.sh [--rounds N] [--size SIZE] [--dir DIR] [--fragment GIB]
+#                         BINARY OPTIONS...
 #
 # Formats a pool with BINARY, mounts it, attaches `losetup --direct-io=on`
 # to a volume of SIZE + 256 MiB (SIZE default 1G), makes ext4 on it and
 # copies in a file of SIZE random bytes; the same on a plain file beside
-# the pool. Then N rounds (default 5): per OPTIONS (mount -o; "-" for none),
-# in reverse order on even rounds, unmounts the ext4, the loop device and
+# the pool. Then N rounds (default 5): per OPTIONS (mount -o; "-" for none;
+# OTHER_BINARY@OPTIONS mounts with another build of thinfs, to compare two
+# versions of the code on one pool), in reverse order on even rounds,
+# unmounts the ext4, the loop device and
 # the pool, mounts the pool with those options and attaches them again,
 # drops every cache and reads the file with fio (rw=read, bs=1M, psync,
 # as fio_compare.py's seqread1M); then the plain file's, the same way.
@@ -22,24 +25,29 @@
 # --json`, counters.reads, since the mount), then each option set's median
 # (min-max) and, for every set after the
 # first, Student's t of its MiB/s against the first's (95%, as ministat
-# computes it). Works in DIR (default /var/tmp/loop_remount; must not
-# exist; removed at the end). Needs root, fio, python3 and losetup.
+# computes it). With --fragment, each mount is made, and 512 MiB of the
+# file read once, while bench/fragment_memory.py holds GIB GiB with every
+# other page freed: the daemon's buffers then lie in scattered pages, as
+# on a machine that has run for a while (lever 50). Works in DIR (default
+# /var/tmp/loop_remount; must not exist; removed at the end). Needs root,
+# fio, python3 and losetup.
 set -euo pipefail
 # shellcheck source=bench/benchlib.sh
 source "$(dirname "$0")/benchlib.sh"
 
-rounds=5 size=1G work=/var/tmp/loop_remount
+rounds=5 size=1G work=/var/tmp/loop_remount fragment=
 while [[ $# -gt 0 && $1 == --* ]]; do
   case $1 in
     --dir) work=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --size) size=$2; shift 2 ;;
-    -h | --help) header_usage 25; exit 0 ;;
+    --fragment) fragment=$2; shift 2 ;;
+    -h | --help) header_usage 33; exit 0 ;;
     *) echo "loop_remount: unknown option $1" >&2; exit 2 ;;
   esac
 done
 if [[ $# -lt 2 ]]; then
-  header_usage 25
+  header_usage 33
   exit 2
 fi
 require_root_and_fio loop_remount
@@ -51,22 +59,28 @@ make_work_dir loop_remount "$work"
 stat_file=$(disk_stat_file "$work" loop_remount)
 
 pool=$work/pool mnt=$work/mnt vol_ext4=$work/vol-ext4 plain_ext4=$work/plain-ext4
-vol_loop='' plain_loop='' pool_mounted=0
+vol_loop='' plain_loop='' pool_mounted=0 mount_bin=$bin frag_pid=
 cleanup() {
+  [[ -n $frag_pid ]] && kill "$frag_pid"
   mountpoint -q "$vol_ext4" && umount "$vol_ext4"
   mountpoint -q "$plain_ext4" && umount "$plain_ext4"
   [[ -n $vol_loop ]] && losetup -d "$vol_loop"
   [[ -n $plain_loop ]] && losetup -d "$plain_loop"
-  ((pool_mounted)) && "$bin" umount "$mnt"
+  ((pool_mounted)) && "$mount_bin" umount "$mnt"
   rm -rf "$work"
 }
 trap cleanup EXIT
 
-# mount_pool OPTIONS: the pool mounted with OPTIONS ("-": none), the loop
-# device attached to its volume and the ext4 on it mounted.
+# mount_pool OPTIONS: the pool mounted with OPTIONS ("-": none) and the
+# loop device attached to its volume.
 mount_pool() {
   local o=$1
-  if [[ $o == - ]]; then "$bin" mount "$pool" "$mnt"; else "$bin" mount "$pool" "$mnt" -o "$o"; fi
+  mount_bin=$bin
+  if [[ $o == *@* ]]; then
+    mount_bin=$(realpath "${o%%@*}")
+    o=${o#*@}
+  fi
+  if [[ $o == - ]]; then "$mount_bin" mount "$pool" "$mnt"; else "$mount_bin" mount "$pool" "$mnt" -o "$o"; fi
   pool_mounted=1
   vol_loop=$(losetup --find --show --direct-io=on "$mnt/vol")
 }
@@ -74,7 +88,7 @@ unmount_pool() {
   umount "$vol_ext4"
   losetup -d "$vol_loop"
   vol_loop=
-  "$bin" umount "$mnt"
+  "$mount_bin" umount "$mnt"
   pool_mounted=0
 }
 
@@ -109,7 +123,7 @@ read_file() {
   echo "$((ios1 - ios0)) $(((sec1 - sec0) / 2048))"
 }
 engine_reads() {
-  "$bin" status "$pool" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["counters"]["reads"])'
+  "$mount_bin" status "$pool" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["counters"]["reads"])'
 }
 
 : >"$work/samples"
@@ -120,8 +134,23 @@ for ((r = 1; r <= rounds; r++)); do
   if ((r % 2 == 0)); then mapfile -t seq_order < <(printf '%s\n' "${order[@]}" | tac); else seq_order=("${order[@]}"); fi
   for i in "${seq_order[@]}"; do
     unmount_pool
+    if [[ -n $fragment ]]; then
+      : >"$work/fragment.out"
+      python3 "$(dirname "$0")/fragment_memory.py" "$fragment" >"$work/fragment.out" &
+      frag_pid=$!
+      until grep -q ready "$work/fragment.out"; do
+        kill -0 "$frag_pid" || { echo "loop_remount: fragment_memory.py failed" >&2; exit 1; }
+        sleep 0.2
+      done
+    fi
     mount_pool "${sets[$i]}"
     mount "$vol_loop" "$vol_ext4"
+    if [[ -n $frag_pid ]]; then
+      dd if="$vol_ext4/file" of=/dev/null bs=1M count=512 status=none
+      kill "$frag_pid"
+      wait "$frag_pid" || true
+      frag_pid=
+    fi
     { read -r bw; read -r ios mib; } < <(read_file "$vol_ext4/file")
     ra=$(engine_reads)
     { read -r pbw; read -r pios pmib; } < <(read_file "$plain_ext4/file")
