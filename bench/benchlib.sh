@@ -20,10 +20,17 @@ disk_reads() {
   awk '{print $1, $3}' "$1"
 }
 
-# Prints the read bandwidth in MiB/s, rounded, of fio's JSON output in
-# FILE (whatever fio printed before the JSON is skipped).
+# Prints the writes completed and the sectors written so far (fields 5
+# and 7) of STAT_FILE, as disk_reads.
+disk_writes() {
+  awk '{print $5, $7}' "$1"
+}
+
+# Prints the read (or with DIRECTION write, the write) bandwidth in MiB/s,
+# rounded, of fio's JSON output in FILE (whatever fio printed before the
+# JSON is skipped).
 fio_read_mibs() {
-  python3 -c 'import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):]); print(round(j["jobs"][0]["read"]["bw_bytes"] / 2**20))' "$1"
+  python3 -c 'import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):]); print(round(j["jobs"][0][sys.argv[2]]["bw_bytes"] / 2**20))' "$1" "${2:-read}"
 }
 
 # Prints lines 2 to LAST of the calling script's header comment, without

@@ -8,7 +8,7 @@
 # which hides a lever's effect there.
 #
 #   bench/loop_remount.sh [--rounds N] [--size SIZE] [--dir DIR] [--fragment GIB]
-#                         BINARY OPTIONS...
+#                         [--rw read|write] BINARY OPTIONS...
 #
 # Formats a pool with BINARY, mounts it, attaches `losetup --direct-io=on`
 # to a volume of SIZE + 256 MiB (SIZE default 1G), makes ext4 on it and
@@ -25,7 +25,10 @@
 # --json`, counters.reads, since the mount), then each option set's median
 # (min-max) and, for every set after the
 # first, Student's t of its MiB/s against the first's (95%, as ministat
-# computes it). With --fragment, each mount is made, and 512 MiB of the
+# computes it). With --rw write, the job is fio_compare.py's seqwrite1M
+# instead (rw=write, bs=1M, end_fsync=1, over the file), and the columns
+# count the disk's writes and the write requests the engine served
+# (lever 51). With --fragment, each mount is made, and 512 MiB of the
 # file read once, while bench/fragment_memory.py holds GIB GiB with every
 # other page freed: the daemon's buffers then lie in scattered pages, as
 # on a machine that has run for a while (lever 50). Works in DIR (default
@@ -35,19 +38,24 @@ set -euo pipefail
 # shellcheck source=bench/benchlib.sh
 source "$(dirname "$0")/benchlib.sh"
 
-rounds=5 size=1G work=/var/tmp/loop_remount fragment=
+rounds=5 size=1G work=/var/tmp/loop_remount fragment='' rw=read
 while [[ $# -gt 0 && $1 == --* ]]; do
   case $1 in
     --dir) work=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --size) size=$2; shift 2 ;;
     --fragment) fragment=$2; shift 2 ;;
-    -h | --help) header_usage 33; exit 0 ;;
+    --rw) rw=$2; shift 2 ;;
+    -h | --help) header_usage 37; exit 0 ;;
     *) echo "loop_remount: unknown option $1" >&2; exit 2 ;;
   esac
 done
 if [[ $# -lt 2 ]]; then
-  header_usage 33
+  header_usage 37
+  exit 2
+fi
+if [[ $rw != read && $rw != write ]]; then
+  echo "loop_remount: --rw is read or write, not $rw" >&2
   exit 2
 fi
 require_root_and_fio loop_remount
@@ -110,25 +118,27 @@ cp "$work/src" "$plain_ext4/file"
 rm "$work/src"
 sync
 
-# read_file FILE: prints MiB/s, disk reads, disk MiB.
+# read_file FILE: runs the job (--rw) on FILE; prints MiB/s, then the
+# disk's requests and MiB in the job's direction.
 read_file() {
-  local f=$1 ios0 sec0 ios1 sec1
+  local f=$1 ios0 sec0 ios1 sec1 extra=()
+  [[ $rw == write ]] && extra=(--end_fsync=1)
   sync
   echo 3 >/proc/sys/vm/drop_caches
-  read -r ios0 sec0 < <(disk_reads "$stat_file")
-  fio --name=read --filename="$f" --rw=read --bs=1M --size="$bytes" --ioengine=psync \
-    --invalidate=1 --output-format=json --output="$work/out.json"
-  read -r ios1 sec1 < <(disk_reads "$stat_file")
-  fio_read_mibs "$work/out.json"
+  read -r ios0 sec0 < <("disk_${rw}s" "$stat_file")
+  fio --name="$rw" --filename="$f" --rw="$rw" --bs=1M --size="$bytes" --ioengine=psync \
+    --invalidate=1 "${extra[@]}" --output-format=json --output="$work/out.json"
+  read -r ios1 sec1 < <("disk_${rw}s" "$stat_file")
+  fio_read_mibs "$work/out.json" "$rw"
   echo "$((ios1 - ios0)) $(((sec1 - sec0) / 2048))"
 }
 engine_reads() {
-  "$mount_bin" status "$pool" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["counters"]["reads"])'
+  "$mount_bin" status "$pool" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["counters"][sys.argv[1] + "s"])' "$rw"
 }
 
 : >"$work/samples"
 printf '%-5s %-28s %7s %6s %9s %9s %s\n' round options MiB/s /plain "disk I/Os" "disk MiB" \
-  "engine reads"
+  "engine ${rw}s"
 order=("${!sets[@]}")
 for ((r = 1; r <= rounds; r++)); do
   if ((r % 2 == 0)); then mapfile -t seq_order < <(printf '%s\n' "${order[@]}" | tac); else seq_order=("${order[@]}"); fi

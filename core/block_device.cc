@@ -312,6 +312,18 @@ Status FileBlockDevice::WriteZeroes(PoolBlock block, uint64_t count) {
 
 void BlockDevice::Prefetch(PoolBlock, uint64_t) {}
 
+void BlockDevice::StartWriteback(std::span<const Run>) {}
+
+void FileBlockDevice::StartWriteback(std::span<const Run> runs) {
+  if (direct_) return;
+  const uint64_t bs = geometry_.block_size();
+  for (const Run& run : runs) {
+    // A hint: its failure changes nothing but speed.
+    (void)::sync_file_range(fd_, static_cast<off64_t>(run.first.value * bs),
+                            static_cast<off64_t>(run.count * bs), SYNC_FILE_RANGE_WRITE);
+  }
+}
+
 void FileBlockDevice::Prefetch(PoolBlock block, uint64_t count) {
   if (direct_ || count == 0) return;
   const uint64_t bs = geometry_.block_size();

@@ -136,6 +136,14 @@ class BlockDevice {
   // The default returns false.
   virtual bool CanReadPastCache() const { return false; }
 
+  // Hints that the runs were just written for a writer that keeps no
+  // cache of them (Volume::Write with WriteCache::kWriter): their data
+  // should head for the disk now, as such a writer's data does over a raw
+  // disk, not wait in the host's cache for Sync() or the kernel's
+  // write-back (docs/benchmarks.md, lever 51). Only a hint: durability
+  // still comes from Sync() alone. The default does nothing.
+  virtual void StartWriteback(std::span<const Run> runs);
+
   // Copies bytes [offset, offset + len) of block `from` to the same bytes of
   // block `to`, like Read then Write of them; durable after Sync() like a
   // write. Where the file system can share the data instead (a reflink:
@@ -175,6 +183,9 @@ class FileBlockDevice final : public BlockDevice {
   Status Grow(uint64_t new_data_blocks) override;
   // Starts reading into the page cache; nothing with O_DIRECT.
   void Prefetch(PoolBlock block, uint64_t count) override;
+  // sync_file_range(SYNC_FILE_RANGE_WRITE) of each run: starts writing its
+  // dirty pages without waiting for them; nothing with O_DIRECT.
+  void StartWriteback(std::span<const Run> runs) override;
   // First a preadv2(RWF_NOWAIT) of the read: cached data cost that one
   // system call, as a Read() of them does. What it could not read, the
   // window that holds it is hinted for (posix_fadvise(WILLNEED): one read

@@ -45,7 +45,7 @@ Result<PageCacheCounts> CountPages(int fd, uint64_t offset, uint64_t len) {
     if (errno == ENOSYS) return Status::NotSupported("cachestat(2) needs Linux 6.5");
     return Status::FromErrno(errno, "cachestat");
   }
-  return PageCacheCounts{stat.nr_cache, stat.nr_evicted};
+  return PageCacheCounts{stat.nr_cache, stat.nr_dirty, stat.nr_writeback, stat.nr_evicted};
 #endif
 }
 

@@ -27,12 +27,15 @@ namespace thinfs {
 Result<uint64_t> CachedPages(int fd, uint64_t offset, uint64_t len);
 
 // What cachestat(2) tells of bytes [offset, offset + len) of `fd`: pages
-// cached (as CachedPages), and pages that reclaim evicted and whose place
-// the kernel still remembers (its shadow entries; drop_caches,
-// POSIX_FADV_DONTNEED and truncation leave none). The same errors as
-// CachedPages. REQUIRES: len > 0.
+// cached (as CachedPages), of them those dirty and those being written
+// back, and pages that reclaim evicted and whose place the kernel still
+// remembers (its shadow entries; drop_caches, POSIX_FADV_DONTNEED and
+// truncation leave none). The same errors as CachedPages.
+// REQUIRES: len > 0.
 struct PageCacheCounts {
   uint64_t cached = 0;
+  uint64_t dirty = 0;
+  uint64_t writeback = 0;
   uint64_t evicted = 0;
 };
 Result<PageCacheCounts> CountPages(int fd, uint64_t offset, uint64_t len);

@@ -177,6 +177,30 @@ struct VolumeState {
   // starts there is a sequential reader's, which the host's readahead
   // serves, and is not read around (Pool::Impl::ReadBlock). Only a hint.
   std::atomic<uint64_t> single_next{UINT64_MAX};
+  // Where the last few writes of a writer with no cache of its own
+  // (WriteCache::kWriter) ended. A write that starts at one of them
+  // continues a stream, whose data heads for the disk at once
+  // (Volume::Write, lever 51); a random write's waits in the host's cache
+  // for the commit, which writes it back with its neighbours. Several,
+  // because a loop device's request reaches the daemon as concurrent FUSE
+  // writes (1280 KiB as 1024 + 256 KiB) that arrive in either order. Only
+  // a hint.
+  static constexpr size_t kWriteEnds = 4;
+  std::array<std::atomic<uint64_t>, kWriteEnds> write_ends{UINT64_MAX, UINT64_MAX, UINT64_MAX,
+                                                           UINT64_MAX};
+  std::atomic<uint32_t> write_end_next{0};
+
+  // Records a kWriter write of [offset, end) and returns whether it starts
+  // where one of the last kWriteEnds ended.
+  bool ContinuesWrite(uint64_t offset, uint64_t end) {
+    bool continues = false;
+    for (const std::atomic<uint64_t>& e : write_ends) {
+      continues = continues || e.load(std::memory_order_relaxed) == offset;
+    }
+    write_ends[write_end_next.fetch_add(1, std::memory_order_relaxed) % kWriteEnds].store(
+        end, std::memory_order_relaxed);
+    return continues;
+  }
 
   // The partial clone this device is (see Pool::ShareRange).
   const VolumeState* clone_src = nullptr;  // guarded by io_mu
@@ -749,9 +773,13 @@ struct Pool::Impl {
 
   // Writes `buf` at `off` inside block b of vol. A new block comes from
   // `run` when given: the write of a request's block that `blocks_left`
-  // blocks of the request (b included) follow.
+  // blocks of the request (b included) follow. `wrote`, when given, is set
+  // to the pool block the bytes went to through the data device, and left
+  // alone where none did (zeros that unmap or change nothing, a copy owed
+  // to the commit).
   Status WriteBlock(VolumeState& vol, uint64_t b, uint64_t off, std::span<const std::byte> buf,
-                    BlockRun* run = nullptr, uint64_t blocks_left = 1) {
+                    BlockRun* run = nullptr, uint64_t blocks_left = 1,
+                    std::optional<PoolBlock>* wrote = nullptr) {
     const uint64_t bs = geometry.block_size();
     const bool whole = off == 0 && buf.size() == bs;
     WriterLock stripe(&Stripe(vol.id, b));
@@ -770,6 +798,9 @@ struct Pool::Impl {
       }
       if (exclusive) {
         if (zeros && whole) return DiscardBlockLocked(vol, b);
+        // A block that owes its copy may keep the bytes in memory until
+        // the copy writes it whole.
+        if (wrote != nullptr && !copies.Owes(own->value.block)) *wrote = own->value.block;
         Status s = copies.Write(own->value.block, off, buf);
         NoteDataWritten(/*new_block=*/false);
         return s;
@@ -786,6 +817,7 @@ struct Pool::Impl {
     THINFS_ASSIGN_OR_RETURN(PoolBlock p, run ? run->Take(blocks_left) : AllocateBlock());
     n_provisions.fetch_add(1, std::memory_order_relaxed);
     Status s;
+    bool owed = false;
     if (whole) {
       // dm-thin's overwrite optimisation: never read what is overwritten.
       s = data->Write(p, 0, buf);
@@ -794,6 +826,7 @@ struct Pool::Impl {
       // written bytes now (a source that itself owes a copy is copied at
       // once below, so that owed copies never chain).
       n_cow.fetch_add(1, std::memory_order_relaxed);
+      owed = true;
       s = copies.Start(p, before.value.block, off, buf);
       if (copies.size() * 2 >= copies.capacity()) WakeCommitter();
       WakeCopier();
@@ -824,6 +857,7 @@ struct Pool::Impl {
       return s;
     }
     NoteDataWritten(/*new_block=*/true);
+    if (wrote != nullptr && !owed) *wrote = p;
     return InstallVersion(vol, b, e, own, before, MapValue{p, 0});
   }
 
@@ -1695,34 +1729,55 @@ Result<size_t> Volume::Read(uint64_t offset, std::span<std::byte> buf, ReadCache
   return len;
 }
 
-Status Volume::Write(uint64_t offset, std::span<const std::byte> buf) {
+Status Volume::Write(uint64_t offset, std::span<const std::byte> buf, WriteCache cache) {
   Pool::Impl& p = *pool_->impl_;
   THINFS_RETURN_IF_ERROR(p.CheckWritable());
   VolumeState& st = *state_;
-  ReaderLock io(&st.io_mu);
-  if (st.gone.load()) {
-    return Status::NotFound("device was deleted");
-  }
-  uint64_t size = st.size.load();
-  if (offset > size || buf.size() > size - offset) {
-    return Status::InvalidArgument("write past the end of the device");
-  }
-  p.n_writes.fetch_add(1, std::memory_order_relaxed);
-  st.write_gen.fetch_add(1, std::memory_order_relaxed);
-  const uint64_t end = p.geometry.BlocksFor(offset + buf.size());
-  Pool::Impl::BlockRun run(&p);
-  size_t done = 0;
-  while (done < buf.size()) {
-    uint64_t pos = offset + done;
-    uint64_t b = p.geometry.BlockOf(pos);
-    uint64_t off = p.geometry.OffsetInBlock(pos);
-    size_t n =
-        static_cast<size_t>(std::min<uint64_t>(p.geometry.block_size() - off, buf.size() - done));
-    THINFS_RETURN_IF_ERROR(p.WriteBlock(st, b, off, buf.subspan(done, n), &run, end - b));
-    done += n;
-  }
-  st.TouchForWrite();
-  return Status::Ok();
+  // For a stream of WriteCache::kWriter writes: the pool blocks written, as
+  // runs, for StartWriteback once io_mu is released (the hint may wait for
+  // the disk's queue).
+  std::vector<BlockDevice::Run> written;
+  Status status = [&]() -> Status {
+    ReaderLock io(&st.io_mu);
+    if (st.gone.load()) {
+      return Status::NotFound("device was deleted");
+    }
+    uint64_t size = st.size.load();
+    if (offset > size || buf.size() > size - offset) {
+      return Status::InvalidArgument("write past the end of the device");
+    }
+    p.n_writes.fetch_add(1, std::memory_order_relaxed);
+    st.write_gen.fetch_add(1, std::memory_order_relaxed);
+    const bool stream =
+        cache == WriteCache::kWriter && st.ContinuesWrite(offset, offset + buf.size());
+    const uint64_t end = p.geometry.BlocksFor(offset + buf.size());
+    Pool::Impl::BlockRun run(&p);
+    size_t done = 0;
+    while (done < buf.size()) {
+      uint64_t pos = offset + done;
+      uint64_t b = p.geometry.BlockOf(pos);
+      uint64_t off = p.geometry.OffsetInBlock(pos);
+      size_t n = static_cast<size_t>(
+          std::min<uint64_t>(p.geometry.block_size() - off, buf.size() - done));
+      std::optional<PoolBlock> wrote;
+      THINFS_RETURN_IF_ERROR(p.WriteBlock(st, b, off, buf.subspan(done, n), &run, end - b,
+                                          stream ? &wrote : nullptr));
+      if (wrote) {
+        if (!written.empty() &&
+            written.back().first.value + written.back().count == wrote->value) {
+          ++written.back().count;
+        } else {
+          written.push_back(BlockDevice::Run{*wrote, 1});
+        }
+      }
+      done += n;
+    }
+    st.TouchForWrite();
+    return Status::Ok();
+  }();
+  // Also after a failure: what was written before it heads for the disk.
+  if (!written.empty()) p.data->StartWriteback(written);
+  return status;
 }
 
 Status Volume::Discard(uint64_t offset, uint64_t length) {

@@ -194,6 +194,22 @@ enum class ReadCache {
   kReader,
 };
 
+// Whose cache is to keep what a write wrote until the next commit.
+enum class WriteCache {
+  kHost,  // the host's page cache of the data file, written back when the
+          // commit syncs it or the kernel's write-back comes (the default)
+  // Nobody's: the writer opened the volume with O_DIRECT (a loop device,
+  // a VM's disk with cache=none) and caches above it itself. A write that
+  // continues one of the device's last few such writes (a stream: a file
+  // written through a loop device) heads for the disk at once
+  // (BlockDevice::StartWriteback), as it would over a raw disk, so that
+  // the writer's next flush finds it written, not a gigabyte to write.
+  // Other writes stay in the host's cache as with kHost: written back
+  // one by one, random writes ran at half the rate (docs/benchmarks.md,
+  // lever 51). Durability is the same either way: Flush.
+  kWriter,
+};
+
 // An open thin device. Obtained from Pool::OpenVolume; stays usable after
 // the device is unlinked (DetachName) until the last handle goes.
 //
@@ -215,7 +231,9 @@ class Volume {
                       ReadCache cache = ReadCache::kHost);
   // REQUIRES: offset + buf.size() <= size(). Returns kInvalidArgument past
   // the end, kNoSpace when a block cannot be provisioned, kReadOnly.
-  Status Write(uint64_t offset, std::span<const std::byte> buf);
+  // The bytes written are the same whatever `cache` says.
+  Status Write(uint64_t offset, std::span<const std::byte> buf,
+               WriteCache cache = WriteCache::kHost);
   // Unmaps whole blocks in the range and zeroes the partial edges.
   Status Discard(uint64_t offset, uint64_t length);
   // Provisions every unmapped block in the range (fallocate mode 0).

@@ -185,6 +185,7 @@ int OpenAndServe(const MountOptions& options, const std::string& pool_root,
   config.writeback_cache = options.writeback_cache;
   config.page_cache = options.page_cache;
   config.direct_reads = options.direct_reads;
+  config.direct_writes = options.direct_writes;
   config.readahead_bytes = options.readahead_bytes;
   config.max_threads = options.threads;
   config.uring_threads = options.uring_threads;

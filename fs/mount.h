@@ -54,6 +54,9 @@ struct MountOptions {
   // A read of several blocks through a file opened O_DIRECT, not cached,
   // reads the data file with O_DIRECT (core/pool.h ReadCache, lever 46).
   bool direct_reads = true;
+  // A write through a file opened O_DIRECT starts writing its data back at
+  // once (core/pool.h WriteCache, lever 51).
+  bool direct_writes = true;
   // A random read within one block, not cached, reads this much of the
   // block around it into the host's cache (lever 44); 0 off.
   uint64_t read_around_bytes = 64 << 10;
@@ -107,6 +110,8 @@ struct MountOptions {
 //   direct_reads=on|off         reads of several blocks through a file
 //                               opened O_DIRECT, not cached, read the data
 //                               file with O_DIRECT (default on)
+//   direct_writes=on|off        writes through a file opened O_DIRECT start
+//                               their data's write-back at once (default on)
 //   read_around=SIZE            a random read within a block, not cached,
 //                               reads the block's SIZE-aligned window into
 //                               the host's cache (default 64K; 0 off)

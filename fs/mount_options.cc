@@ -171,6 +171,9 @@ Result<MountOptions> ParseMountOptions(const std::string& pool, const std::strin
     } else if (key == "direct_reads") {
       THINFS_RETURN_IF_ERROR(require_value());
       THINFS_ASSIGN_OR_RETURN(opts.direct_reads, ParseBool(key, value));
+    } else if (key == "direct_writes") {
+      THINFS_RETURN_IF_ERROR(require_value());
+      THINFS_ASSIGN_OR_RETURN(opts.direct_writes, ParseBool(key, value));
     } else if (key == "mapped_reads") {
       THINFS_RETURN_IF_ERROR(require_value());
       THINFS_ASSIGN_OR_RETURN(opts.mapped_reads, ParseBool(key, value));

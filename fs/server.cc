@@ -812,8 +812,13 @@ void OnWrite(fuse_req_t req, fuse_ino_t, const char* data, size_t size, off_t of
     uint64_t offset = static_cast<uint64_t>(off);
     Status s = server->GrowTo(*handle->volume, handle->id, offset + size);
     if (s.ok()) {
-      s = handle->volume->Write(offset,
-                                std::span(reinterpret_cast<const std::byte*>(data), size));
+      // An O_DIRECT opener (a loop device, qemu's cache=none) caches above
+      // the volume and expects its writes to head for the disk.
+      const WriteCache cache = (fi->flags & O_DIRECT) && server->config().direct_writes
+                                   ? WriteCache::kWriter
+                                   : WriteCache::kHost;
+      s = handle->volume->Write(
+          offset, std::span(reinterpret_cast<const std::byte*>(data), size), cache);
     }
     // Also after a failed write, which may have written part of the range.
     if (!handle->uses_cache) server->PagesChanged(*handle, offset, size);

@@ -58,6 +58,9 @@ struct ServeConfig {
   // A read through a file opened O_DIRECT asks the pool for
   // ReadCache::kReader (mount option direct_reads).
   bool direct_reads = true;
+  // A write through a file opened O_DIRECT asks the pool for
+  // WriteCache::kWriter (mount option direct_writes).
+  bool direct_writes = true;
   // The root directory shows the pool directory's owner and times.
   uid_t root_uid = 0;
   gid_t root_gid = 0;

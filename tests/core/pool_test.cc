@@ -9,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <set>
 #include <span>
 #include <thread>
 #include <utility>
@@ -374,6 +375,119 @@ TEST(PoolTest, ReadsForAReaderWithItsOwnCacheGoPastTheHostsCache) {
   expect(want, 0, "origin after the commit");
   read(*s, 0, 16 * kBlock, ReadCache::kReader);
   expect(snapped, 0, "snapshot after the commit");
+}
+
+// A writer with no cache of its own (WriteCache::kWriter: the volume opened
+// O_DIRECT) has the data of a write that continues one of its last few
+// writes (a stream, a file written through a loop device) head for the
+// disk at once (lever 51): StartWriteback of exactly the runs of pool
+// blocks the write wrote through the data device. Nothing for the first
+// write of a stream, a random write, the host cache's writers, whole-block
+// zeros (which unmap), or a block that owes its copy (the copy writes it).
+// Pieces of a stream may arrive out of order (a loop device's 1280 KiB
+// request as 1024 + 256 KiB). What is written is the same every way.
+TEST(PoolTest, StreamsOfAWriterWithoutACacheStartTheirWriteback) {
+  constexpr uint64_t kBlock = 64 << 10;
+  constexpr uint64_t kMiB = 1 << 20;
+  EngineFixture f(kBlock, 512);
+  ASSERT_TRUE(f.pool->CreateDevice("v", 8 * kMiB).ok());
+  auto v = Open(*f.pool, "v");
+  testing::ForwardingBlockDevice& data = *f.data_forwarder;
+  data.record_writes = true;
+  using Runs = std::vector<std::pair<uint64_t, uint64_t>>;
+  struct Taken {
+    Runs hints;                 // StartWriteback's runs
+    Runs wrote;                 // the pool blocks written, as runs in order
+    std::set<uint64_t> blocks;  // the same, as a set
+  };
+  // What happened since the last call.
+  auto taken = [&] {
+    std::lock_guard<std::mutex> l(data.prefetch_mu);
+    std::lock_guard<std::mutex> w(data.writes_mu);
+    Taken t;
+    t.hints = std::exchange(data.written_back, {});
+    for (const auto& io : data.writes) {
+      if (!t.blocks.insert(io.block).second) continue;
+      if (!t.wrote.empty() && t.wrote.back().first + t.wrote.back().second == io.block) {
+        ++t.wrote.back().second;
+      } else {
+        t.wrote.emplace_back(io.block, 1);
+      }
+    }
+    data.writes.clear();
+    return t;
+  };
+  std::vector<std::byte> want(8 * kMiB);
+  uint32_t seed = 1;
+  auto write = [&](uint64_t offset, uint64_t len, WriteCache cache) {
+    const std::vector<std::byte> bytes = Pattern(len, seed++);
+    ASSERT_OK(v->Write(offset, bytes, cache));
+    std::copy(bytes.begin(), bytes.end(), want.begin() + static_cast<ptrdiff_t>(offset));
+  };
+  // The host cache's writer: never hinted, however sequential.
+  write(0, kMiB, WriteCache::kHost);
+  write(kMiB, kMiB, WriteCache::kHost);
+  EXPECT_EQ(taken().hints, Runs{});
+  // A stream's first write is not hinted; one that continues it is.
+  write(2 * kMiB, kMiB, WriteCache::kWriter);
+  EXPECT_EQ(taken().hints, Runs{});
+  write(3 * kMiB, kMiB / 4, WriteCache::kWriter);
+  {
+    Taken t = taken();
+    EXPECT_EQ(t.hints, t.wrote);
+    EXPECT_EQ(t.blocks.size(), 4u);
+  }
+  // The next request's halves out of order: its second half, first, does
+  // not continue anything; its first half does, and so does the request
+  // after it.
+  write(4 * kMiB + kMiB / 4, kMiB / 4, WriteCache::kWriter);
+  EXPECT_EQ(taken().hints, Runs{});
+  for (uint64_t offset : {3 * kMiB + kMiB / 4, 4 * kMiB + kMiB / 2}) {
+    write(offset, offset == 3 * kMiB + kMiB / 4 ? kMiB : kMiB / 2, WriteCache::kWriter);
+    Taken t = taken();
+    EXPECT_EQ(t.hints, t.wrote) << offset;
+    EXPECT_FALSE(t.hints.empty()) << offset;
+  }
+  // Random writes: none continues another.
+  for (uint64_t offset : {6 * kMiB, 5 * kMiB + 8192, 7 * kMiB + kBlock}) {
+    write(offset, 4096, WriteCache::kWriter);
+    EXPECT_EQ(taken().hints, Runs{}) << offset;
+  }
+  // Whole blocks of zeros that continue the stream (at 5 MiB) unmap:
+  // nothing is written, nothing hinted.
+  {
+    const std::vector<std::byte> zeros(2 * kBlock);
+    ASSERT_OK(v->Write(5 * kMiB, zeros, WriteCache::kWriter));
+    std::fill_n(want.begin() + static_cast<ptrdiff_t>(5 * kMiB), zeros.size(), std::byte{0});
+    Taken t = taken();
+    EXPECT_EQ(t.hints, Runs{});
+    EXPECT_EQ(t.wrote, Runs{});
+  }
+  // After a snapshot: partial writes copy on write and owe the rest of
+  // their block to the commit, which writes it; such a block is not
+  // hinted, nor written into in place while it owes. A whole block over a
+  // shared one is a new block, written and hinted.
+  ASSERT_OK(f.pool->Commit());
+  ASSERT_TRUE(f.pool->CreateSnapshot("v", "s").ok());
+  write(3 * kMiB - 4096, 4096, WriteCache::kWriter);  // starts a stream
+  EXPECT_EQ(taken().hints, Runs{});
+  write(3 * kMiB, 4096, WriteCache::kWriter);  // continues it: owed
+  EXPECT_EQ(taken().hints, Runs{});
+  write(3 * kMiB + 4096, 4096, WriteCache::kWriter);  // in place, owing
+  EXPECT_EQ(taken().hints, Runs{});
+  write(3 * kMiB + 8192, 2 * kBlock - 8192, WriteCache::kWriter);  // owing, then whole
+  {
+    Taken t = taken();
+    ASSERT_EQ(t.hints.size(), 1u);
+    EXPECT_EQ(t.hints[0].second, 1u);
+    EXPECT_TRUE(t.blocks.count(t.hints[0].first)) << "hinted a block not written";
+  }
+  std::vector<std::byte> got(8 * kMiB);
+  ASSERT_OK(v->Read(0, got).status());
+  EXPECT_TRUE(got == want);
+  ASSERT_OK(f.pool->Commit());
+  ASSERT_OK(v->Read(0, got).status());
+  EXPECT_TRUE(got == want) << "after the commit";
 }
 
 // A sequential reader whose blocks lie scattered in the data area gets

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iterator>
 #include <memory>
 #include <set>
@@ -22,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/page_cache.h"
 #include "tests/tools/json_parser.h"
 #include "tests/util/cache_file_fixture.h"
 #include "tests/util/e2e_util.h"
@@ -390,6 +392,81 @@ TEST_F(FuseTest, DirectReadsOfAnODirectOpenerLeavePoolDataUncached) {
     }
     ASSERT_EQ(Unmount(), "");
   }
+  CommandResult check = Thinfs({"check", pool_});
+  EXPECT_EQ(check.exit_code, 0) << check.output;
+}
+
+// Writes `bytes` at 0 of the O_DIRECT descriptor `fd`, in writes of 1 MiB
+// that continue one another, as a loop device writes a file's data.
+void WriteInOrder(int fd, const std::vector<char>& bytes) {
+  constexpr size_t kChunk = 1 << 20;
+  const AlignedBytes mem(kChunk);
+  ASSERT_FALSE(mem.span().empty());
+  for (size_t at = 0; at < bytes.size(); at += kChunk) {
+    const size_t n = std::min(kChunk, bytes.size() - at);
+    std::memcpy(mem.span().data(), bytes.data() + at, n);
+    EXPECT_EQ(pwrite(fd, mem.span().data(), n, static_cast<off_t>(at)), static_cast<ssize_t>(n))
+        << "at " << at << ": " << strerror(errno);
+  }
+}
+
+// direct_writes (lever 51): writes through a volume file opened O_DIRECT
+// that continue one another (a stream, as a loop device writes a file)
+// start their data's write-back at once. With no periodic commit
+// (commit_interval=0) to sync pool/data, its pages soon hold no dirty data
+// but the stream's first write's (which continues nothing). With
+// direct_writes=off the same writes all stay dirty in the host's cache
+// until a commit (here the close, which commits what the file wrote).
+// Either way they read back as written.
+TEST_F(FuseTest, StreamsOfAnODirectWriterHeadForTheDisk) {
+  FormatPool("64M");
+  const std::string data = pool_ + "/data";
+  const int fd = open(data.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  struct stat st {};
+  ASSERT_EQ(fstat(fd, &st), 0);
+  const uint64_t data_bytes = static_cast<uint64_t>(st.st_size);
+  if (Result<PageCacheCounts> probe = CountPages(fd, 0, data_bytes); !probe.ok()) {
+    close(fd);
+    GTEST_SKIP() << "no cachestat(2) here (" << probe.status().ToString()
+                 << "): nothing tells pool/data's dirty pages from clean ones";
+  }
+  auto pending = [&] {
+    Result<PageCacheCounts> c = CountPages(fd, 0, data_bytes);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? c->dirty + c->writeback : 0;
+  };
+  const size_t size = 8 << 20;
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  for (const bool direct_writes : {true, false}) {
+    ASSERT_EQ(MountForeground(direct_writes ? "commit_interval=0"
+                                            : "commit_interval=0,direct_writes=off"),
+              "");
+    const std::string v = direct_writes ? "v" : "w";
+    Truncate(v, "8M");
+    // Nothing of pool/data dirty before: the format and the mount synced.
+    ASSERT_EQ(fdatasync(fd), 0);
+    const std::vector<char> bytes = Pattern(direct_writes ? 12 : 13, 0, size);
+    const int vfd = open(Vol(v).c_str(), O_WRONLY | O_DIRECT);
+    ASSERT_GE(vfd, 0) << strerror(errno);
+    WriteInOrder(vfd, bytes);
+    if (direct_writes) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (pending() > (1 << 20) / page && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      EXPECT_LE(pending(), (1 << 20) / page)
+          << "more than the stream's first write still dirty after 5 s";
+    } else {
+      EXPECT_GE(pending(), (size - (1 << 20)) / page)
+          << "the control: writes were written back without the hint";
+    }
+    close(vfd);
+    EXPECT_EQ(pending(), 0u) << "the close did not commit";
+    EXPECT_EQ(ReadDirect(Vol(v), size), bytes) << "direct_writes " << direct_writes;
+    ASSERT_EQ(Unmount(), "");
+  }
+  close(fd);
   CommandResult check = Thinfs({"check", pool_});
   EXPECT_EQ(check.exit_code, 0) << check.output;
 }

@@ -76,6 +76,13 @@ class ForwardingBlockDevice final : public BlockDevice {
     }
     return BlockDevice::ReadPieces(pieces, cache);
   }
+  void StartWriteback(std::span<const Run> runs) override {
+    {
+      std::lock_guard<std::mutex> l(prefetch_mu);
+      for (const Run& r : runs) written_back.emplace_back(r.first.value, r.count);
+    }
+    t_->StartWriteback(runs);
+  }
   bool RunsCached(std::span<const Run> runs) override {
     return report_cached || (!report_cold && t_->RunsCached(runs));
   }
@@ -114,6 +121,8 @@ class ForwardingBlockDevice final : public BlockDevice {
   std::vector<ReadAroundCall> read_arounds;
   // The cache given to each ReadPieces call.
   std::vector<Cache> piece_caches;
+  // Every StartWriteback hint's runs as (first pool block, count).
+  std::vector<std::pair<uint64_t, uint64_t>> written_back;
   // PrefetchForRead reports every read not cached, as a cold page cache
   // would (the target may be a MemBlockDevice, which hints nothing), and
   // RunsCached says not cached.
