@@ -118,9 +118,9 @@ cp "$work/src" "$plain_ext4/file"
 rm "$work/src"
 sync
 
-# read_file FILE: runs the job (--rw) on FILE; prints MiB/s, then the
+# run_job FILE: runs the job (--rw) on FILE; prints MiB/s, then the
 # disk's requests and MiB in the job's direction.
-read_file() {
+run_job() {
   local f=$1 ios0 sec0 ios1 sec1 extra=()
   [[ $rw == write ]] && extra=(--end_fsync=1)
   sync
@@ -132,7 +132,7 @@ read_file() {
   fio_read_mibs "$work/out.json" "$rw"
   echo "$((ios1 - ios0)) $(((sec1 - sec0) / 2048))"
 }
-engine_reads() {
+engine_requests() {
   "$mount_bin" status "$pool" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["counters"][sys.argv[1] + "s"])' "$rw"
 }
 
@@ -161,9 +161,9 @@ for ((r = 1; r <= rounds; r++)); do
       wait "$frag_pid" || true
       frag_pid=
     fi
-    { read -r bw; read -r ios mib; } < <(read_file "$vol_ext4/file")
-    ra=$(engine_reads)
-    { read -r pbw; read -r pios pmib; } < <(read_file "$plain_ext4/file")
+    { read -r bw; read -r ios mib; } < <(run_job "$vol_ext4/file")
+    ra=$(engine_requests)
+    { read -r pbw; read -r pios pmib; } < <(run_job "$plain_ext4/file")
     ratio=$(python3 -c "print(f'{$bw / max($pbw, 1):.2f}')")
     printf '%-5s %-28s %7s %6s %9s %9s %s\n' "$r" "${sets[$i]}" "$bw" "$ratio" "$ios" "$mib" "$ra"
     printf '%-5s %-28s %7s %6s %9s %9s\n' "$r" "(plain file)" "$pbw" "" "$pios" "$pmib"

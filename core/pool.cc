@@ -32,6 +32,16 @@ int64_t NowNs() { return ClockNs(CLOCK_REALTIME); }
 // than NowNs(), and less than one tick (1-4 ms) earlier.
 int64_t TickNs() { return ClockNs(CLOCK_REALTIME_COARSE); }
 
+// Adds `block` to `runs`: it lengthens the last run when it is that run's
+// next block, else starts a run.
+void AppendToRuns(std::vector<BlockDevice::Run>* runs, PoolBlock block) {
+  if (!runs->empty() && block.value == runs->back().first.value + runs->back().count) {
+    ++runs->back().count;
+  } else {
+    runs->push_back(BlockDevice::Run{block, 1});
+  }
+}
+
 bool IsAllZero(std::span<const std::byte> buf) {
   const std::byte* p = buf.data();
   size_t n = buf.size();
@@ -1004,12 +1014,7 @@ struct Pool::Impl {
       }();
       if (!r.ok() || !r->mapped()) continue;
       if (b == first && first_mapped != nullptr) *first_mapped = true;
-      const PoolBlock pb = r->value.block;
-      if (!runs.empty() && pb.value == runs.back().first.value + runs.back().count) {
-        ++runs.back().count;
-      } else {
-        runs.push_back(BlockDevice::Run{pb, 1});
-      }
+      AppendToRuns(&runs, r->value.block);
     }
     return runs;
   }
@@ -1762,14 +1767,7 @@ Status Volume::Write(uint64_t offset, std::span<const std::byte> buf, WriteCache
       std::optional<PoolBlock> wrote;
       THINFS_RETURN_IF_ERROR(p.WriteBlock(st, b, off, buf.subspan(done, n), &run, end - b,
                                           stream ? &wrote : nullptr));
-      if (wrote) {
-        if (!written.empty() &&
-            written.back().first.value + written.back().count == wrote->value) {
-          ++written.back().count;
-        } else {
-          written.push_back(BlockDevice::Run{*wrote, 1});
-        }
-      }
+      if (wrote) AppendToRuns(&written, *wrote);
       done += n;
     }
     st.TouchForWrite();

@@ -325,6 +325,28 @@ std::vector<char> ReadDirect(const std::string& path, size_t size) {
   return out;
 }
 
+// A pool's data file, open read-only, and its size; closed with it. fd is
+// -1 (a failure recorded) when it cannot be opened.
+struct PoolDataFile {
+  explicit PoolDataFile(const std::string& pool)
+      : fd(open((pool + "/data").c_str(), O_RDONLY)) {
+    EXPECT_GE(fd, 0) << pool << "/data: " << strerror(errno);
+    struct stat st {};
+    if (fd >= 0) {
+      EXPECT_EQ(fstat(fd, &st), 0) << strerror(errno);
+      bytes = static_cast<uint64_t>(st.st_size);
+    }
+  }
+  ~PoolDataFile() {
+    if (fd >= 0) close(fd);
+  }
+  PoolDataFile(const PoolDataFile&) = delete;
+  PoolDataFile& operator=(const PoolDataFile&) = delete;
+
+  const int fd;
+  uint64_t bytes = 0;
+};
+
 // direct_reads (lever 46): reads of several blocks through a volume file
 // opened O_DIRECT, whose blocks the host's cache of pool/data does not
 // hold, read pool/data with O_DIRECT, so pool/data stays uncached; with
@@ -354,12 +376,10 @@ TEST_F(FuseTest, DirectReadsOfAnODirectOpenerLeavePoolDataUncached) {
     WriteAt(Vol(v), 0, {origin.begin(), origin.begin() + 1}, /*do_fsync=*/true);
 
     // pool/data leaves the host's cache (written back by the fsync).
-    const std::string data = pool_ + "/data";
-    const int fd = open(data.c_str(), O_RDONLY);
-    ASSERT_GE(fd, 0) << strerror(errno);
-    struct stat st {};
-    ASSERT_EQ(fstat(fd, &st), 0);
-    const size_t data_bytes = static_cast<size_t>(st.st_size);
+    const PoolDataFile data(pool_);
+    ASSERT_GE(data.fd, 0);
+    const int fd = data.fd;
+    const size_t data_bytes = static_cast<size_t>(data.bytes);
     ASSERT_EQ(fdatasync(fd), 0);
     ASSERT_EQ(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
     Residency residency(fd, data_bytes);
@@ -367,7 +387,6 @@ TEST_F(FuseTest, DirectReadsOfAnODirectOpenerLeavePoolDataUncached) {
     EXPECT_EQ(ReadDirect(Vol(v), size), origin) << "direct_reads " << direct_reads;
     EXPECT_EQ(ReadDirect(Vol(v + "s"), size), snapped) << "direct_reads " << direct_reads;
     const size_t after = residency.Resident(0, data_bytes);
-    close(fd);
     if (direct_reads) {
       EXPECT_EQ(after, before) << "O_DIRECT reads filled pool/data's cache";
       // ext4 on a loop device would cache what it reads: the device alone,
@@ -420,14 +439,11 @@ void WriteInOrder(int fd, const std::vector<char>& bytes) {
 // Either way they read back as written.
 TEST_F(FuseTest, StreamsOfAnODirectWriterHeadForTheDisk) {
   FormatPool("64M");
-  const std::string data = pool_ + "/data";
-  const int fd = open(data.c_str(), O_RDONLY);
-  ASSERT_GE(fd, 0) << strerror(errno);
-  struct stat st {};
-  ASSERT_EQ(fstat(fd, &st), 0);
-  const uint64_t data_bytes = static_cast<uint64_t>(st.st_size);
+  const PoolDataFile data(pool_);
+  ASSERT_GE(data.fd, 0);
+  const int fd = data.fd;
+  const uint64_t data_bytes = data.bytes;
   if (Result<PageCacheCounts> probe = CountPages(fd, 0, data_bytes); !probe.ok()) {
-    close(fd);
     GTEST_SKIP() << "no cachestat(2) here (" << probe.status().ToString()
                  << "): nothing tells pool/data's dirty pages from clean ones";
   }
@@ -466,7 +482,6 @@ TEST_F(FuseTest, StreamsOfAnODirectWriterHeadForTheDisk) {
     EXPECT_EQ(ReadDirect(Vol(v), size), bytes) << "direct_writes " << direct_writes;
     ASSERT_EQ(Unmount(), "");
   }
-  close(fd);
   CommandResult check = Thinfs({"check", pool_});
   EXPECT_EQ(check.exit_code, 0) << check.output;
 }
