@@ -26,10 +26,10 @@ disk_writes() {
   awk '{print $5, $7}' "$1"
 }
 
-# Prints the read (or with DIRECTION write, the write) bandwidth in MiB/s,
-# rounded, of fio's JSON output in FILE (whatever fio printed before the
+# Prints the bandwidth in MiB/s, rounded, of fio's JSON output in FILE in
+# DIRECTION, read (the default) or write (whatever fio printed before the
 # JSON is skipped).
-fio_read_mibs() {
+fio_mibs() {
   python3 -c 'import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):]); print(round(j["jobs"][0][sys.argv[2]]["bw_bytes"] / 2**20))' "$1" "${2:-read}"
 }
 

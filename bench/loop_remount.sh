@@ -129,7 +129,7 @@ run_job() {
   fio --name="$rw" --filename="$f" --rw="$rw" --bs=1M --size="$bytes" --ioengine=psync \
     --invalidate=1 "${extra[@]}" --output-format=json --output="$work/out.json"
   read -r ios1 sec1 < <("disk_${rw}s" "$stat_file")
-  fio_read_mibs "$work/out.json" "$rw"
+  fio_mibs "$work/out.json" "$rw"
   echo "$((ios1 - ios0)) $(((sec1 - sec0) / 2048))"
 }
 engine_requests() {

@@ -101,7 +101,7 @@ for ((r = 1; r <= rounds; r++)); do
       fio --name=read --filename="$work/$i/mnt/$f" "${read_args[@]}" \
         --output-format=json --output="$work/out.json"
       read -r ios1 sec1 < <(counters)
-      bw=$(fio_read_mibs "$work/out.json")
+      bw=$(fio_mibs "$work/out.json")
       ios=$((ios1 - ios0)) sectors=$((sec1 - sec0))
       if [[ -n $stat_file ]]; then
         disk=("$((sectors / 2048))" "$ios" "$((sectors / 2 / (ios > 0 ? ios : 1)))")
