@@ -90,7 +90,10 @@ Result<std::unique_ptr<FileBlockDevice>> FileBlockDevice::Open(const std::string
   bool is_blockdev = S_ISBLK(st.st_mode);
   std::unique_ptr<FileBlockDevice> dev(new FileBlockDevice(fd, geometry, direct, is_blockdev));
   // Not fatal: without it every read goes through the host's cache.
-  if (!direct) dev->bypass_fd_ = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+  if (!direct) {
+    dev->bypass_fd_ = ::open(path.c_str(), flags | O_DIRECT, 0);
+    dev->bypass_writes_ = dev->bypass_fd_ >= 0 && !read_only;
+  }
   if (!is_blockdev && !read_only) {
     dev->clone_align_ = std::max<uint64_t>(static_cast<uint64_t>(st.st_blksize), 512);
     const size_t slash = path.rfind('/');
@@ -426,6 +429,113 @@ class AioContext {
 thread_local AioContext t_aio;
 
 }  // namespace
+
+Result<bool> BlockDevice::WritePastCache(PoolBlock, uint64_t, std::span<const std::byte>) {
+  return false;
+}
+
+namespace {
+
+// The calling thread's 4 KiB-aligned buffer for WritePastCache of data
+// that are not aligned: kept, and grown to the largest write, so that a
+// stream's writes neither allocate nor touch fresh pages.
+class BounceBuffer {
+ public:
+  BounceBuffer() = default;
+  BounceBuffer(const BounceBuffer&) = delete;
+  BounceBuffer& operator=(const BounceBuffer&) = delete;
+  ~BounceBuffer() { std::free(p_); }
+  // nullptr when out of memory.
+  std::byte* Get(size_t n) {
+    if (n > size_) {
+      std::free(p_);
+      p_ = nullptr;
+      size_ = 0;
+      void* q = nullptr;
+      if (posix_memalign(&q, kDirectAlign, n) != 0) return nullptr;
+      p_ = q;
+      size_ = n;
+    }
+    return static_cast<std::byte*>(p_);
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t size_ = 0;
+};
+
+thread_local BounceBuffer t_bounce;
+
+}  // namespace
+
+Result<bool> FileBlockDevice::WritePastCache(PoolBlock block, uint64_t offset,
+                                             std::span<const std::byte> buf) {
+  const uint64_t pos = geometry_.BytesOf(block.value) + offset;
+  if (!bypass_writes_ || !bypass_.load(std::memory_order_relaxed) || buf.empty() ||
+      pos % kDirectAlign != 0 || buf.size() % kDirectAlign != 0) {
+    return false;
+  }
+  const std::byte* src = buf.data();
+  if (reinterpret_cast<uintptr_t>(src) % kDirectAlign != 0) {
+    std::byte* b = t_bounce.Get(buf.size());
+    if (b == nullptr) return false;
+    std::memcpy(b, src, buf.size());
+    src = b;
+  }
+  // Submitted, the write holds the inode lock only while it is queued;
+  // pwrite(2) would hold it until the disk is done.
+  size_t done = 0;
+  const aio_context_t ctx = t_aio.Get();
+  if (ctx != 0) {
+    iocb cb{};
+    cb.aio_lio_opcode = IOCB_CMD_PWRITE;
+    cb.aio_fildes = static_cast<uint32_t>(bypass_fd_);
+    cb.aio_buf = reinterpret_cast<uint64_t>(src);
+    cb.aio_nbytes = buf.size();
+    cb.aio_offset = static_cast<int64_t>(pos);
+    iocb* ptr = &cb;
+    long n;
+    do {
+      n = ::syscall(SYS_io_submit, ctx, 1L, &ptr);
+    } while (n < 0 && errno == EINTR);
+    if (n == 1) {
+      io_event ev{};
+      do {
+        n = ::syscall(SYS_io_getevents, ctx, 1L, 1L, &ev, nullptr);
+      } while (n < 0 && errno == EINTR);
+      // Only a bug gets here (EFAULT, EINVAL), with the write in flight
+      // from a buffer the caller may free: log where, and stop.
+      THINFS_CHECK(n == 1);
+      if (ev.res == -EINVAL) {
+        // The file system wants a larger alignment: nothing was written.
+        bypass_.store(false, std::memory_order_relaxed);
+        return false;
+      }
+      if (ev.res < 0) return Status::FromErrno(static_cast<int>(-ev.res), "write data");
+      done = static_cast<size_t>(ev.res);
+    }
+  }
+  if (done == 0) {
+    // No AIO context (fs.aio-max-nr reached) or the submission was
+    // refused: the same write, waited for under the inode lock.
+    ssize_t n;
+    do {
+      n = ::pwrite(bypass_fd_, src, buf.size(), static_cast<off_t>(pos));
+    } while (n < 0 && errno == EINTR);
+    if (n < 0 && errno == EINVAL) {
+      bypass_.store(false, std::memory_order_relaxed);
+      return false;
+    }
+    if (n < 0) return Status::FromErrno(errno, "write data");
+    done = static_cast<size_t>(n);
+  }
+  // A short write (rare: a signal, a full file system) ends through the
+  // cache, which reports what stops it.
+  if (done < buf.size()) {
+    THINFS_RETURN_IF_ERROR(PwriteAll(fd_, src + done, buf.size() - done, pos + done));
+  }
+  return true;
+}
 
 size_t FileBlockDevice::ReadPastCacheAtOnce(std::span<const ReadPiece> pieces,
                                             std::vector<bool>* done) {

@@ -144,6 +144,19 @@ class BlockDevice {
   // still comes from Sync() alone. The default does nothing.
   virtual void StartWriteback(std::span<const Run> runs);
 
+  // Writes buf at `offset` bytes into `block`, running on into the blocks
+  // after it when longer than the rest of it, past the host's page cache
+  // where the device can: for a writer that keeps no cache of its own, so
+  // that its data go to the disk as they come, as over a raw disk, neither
+  // copied into the host's cache nor written by one writer at a time
+  // (docs/benchmarks.md, lever 52). Returns false, having written nothing,
+  // where it cannot (not 4 KiB-aligned, no such descriptor, the file
+  // system refused): the caller then writes with Write(). Durable after
+  // Sync() like a write. The default returns false.
+  // REQUIRES: inside the data area.
+  virtual Result<bool> WritePastCache(PoolBlock block, uint64_t offset,
+                                      std::span<const std::byte> buf);
+
   // Copies bytes [offset, offset + len) of block `from` to the same bytes of
   // block `to`, like Read then Write of them; durable after Sync() like a
   // write. Where the file system can share the data instead (a reflink:
@@ -186,6 +199,16 @@ class FileBlockDevice final : public BlockDevice {
   // sync_file_range(SYNC_FILE_RANGE_WRITE) of each run: starts writing its
   // dirty pages without waiting for them; nothing with O_DIRECT.
   void StartWriteback(std::span<const Run> runs) override;
+  // A 4 KiB-aligned write goes with O_DIRECT through the second descriptor
+  // (ReadPieces' kBypass), submitted with Linux AIO and waited for, so
+  // that the file's inode lock, which ext4 holds for an O_DIRECT write
+  // into a hole, is not held while the disk writes it; a buffer that is
+  // not 4 KiB-aligned (a FUSE request's data are not) is first copied into
+  // an aligned buffer the calling thread keeps for this, as large as its
+  // largest such write. Nothing with O_DIRECT on the device's own
+  // descriptor (Write() is past the cache already).
+  Result<bool> WritePastCache(PoolBlock block, uint64_t offset,
+                              std::span<const std::byte> buf) override;
   // First a preadv2(RWF_NOWAIT) of the read: cached data cost that one
   // system call, as a Read() of them does. What it could not read, the
   // window that holds it is hinted for (posix_fadvise(WILLNEED): one read
@@ -301,11 +324,13 @@ class FileBlockDevice final : public BlockDevice {
   };
 
   const int fd_;
-  // The file again, read-only with O_DIRECT, for ReadPastCache; -1 when
-  // fd_ is O_DIRECT already or the file system refused (set at Open).
+  // The file again with O_DIRECT (read-only when the device is), for
+  // ReadPastCache and WritePastCache; -1 when fd_ is O_DIRECT already or
+  // the file system refused (set at Open).
   int bypass_fd_ = -1;
-  // Cleared if a read through bypass_fd_ fails after all (EINVAL: the
-  // file system wants a larger alignment than 4 KiB).
+  bool bypass_writes_ = false;  // bypass_fd_ is open for writing
+  // Cleared if a read or write through bypass_fd_ fails after all
+  // (EINVAL: the file system wants a larger alignment than 4 KiB).
   std::atomic<bool> bypass_{true};
   std::atomic<uint64_t> at_once_{0};  // pieces_read_at_once()
   const Geometry geometry_;

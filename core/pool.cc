@@ -86,26 +86,57 @@ void SetEditIn(Edits* edits, Epoch epoch, std::optional<MapValue> value) {
 constexpr size_t kOverlayShards = 64;
 constexpr size_t kStripes = 4096;
 
-// Several stripes held shared at once, for a read of several blocks. Taken
-// in address order, as the clone path takes its two exclusively (a writer
+// Several stripes held at once: shared for a read of several blocks,
+// exclusively for a stream's write (Pool::Impl::WriteStream). Taken in
+// address order, as the clone path takes its two exclusively (a writer
 // otherwise holds one), so no cycle of waits forms; each stripe once.
 // Clang's analysis does not follow a runtime set of locks: the scope does.
-class SharedStripes {
+class HeldStripes {
  public:
-  explicit SharedStripes(std::vector<SharedMutex*> stripes) NO_THREAD_SAFETY_ANALYSIS
-      : stripes_(std::move(stripes)) {
+  enum class Mode { kShared, kExclusive };
+  HeldStripes(std::vector<SharedMutex*> stripes, Mode mode) NO_THREAD_SAFETY_ANALYSIS
+      : stripes_(std::move(stripes)),
+        mode_(mode) {
     std::sort(stripes_.begin(), stripes_.end());
     stripes_.erase(std::unique(stripes_.begin(), stripes_.end()), stripes_.end());
-    for (SharedMutex* m : stripes_) m->LockShared();
+    for (SharedMutex* m : stripes_) {
+      if (mode_ == Mode::kShared) {
+        m->LockShared();
+      } else {
+        m->Lock();
+      }
+    }
   }
-  ~SharedStripes() NO_THREAD_SAFETY_ANALYSIS {
-    for (auto it = stripes_.rbegin(); it != stripes_.rend(); ++it) (*it)->UnlockShared();
+  ~HeldStripes() NO_THREAD_SAFETY_ANALYSIS {
+    for (auto it = stripes_.rbegin(); it != stripes_.rend(); ++it) {
+      if (mode_ == Mode::kShared) {
+        (*it)->UnlockShared();
+      } else {
+        (*it)->Unlock();
+      }
+    }
   }
-  SharedStripes(const SharedStripes&) = delete;
-  SharedStripes& operator=(const SharedStripes&) = delete;
+  // Releases every stripe held but those in `keep`.
+  void Keep(std::vector<SharedMutex*> keep) NO_THREAD_SAFETY_ANALYSIS {
+    std::sort(keep.begin(), keep.end());
+    std::vector<SharedMutex*> kept;
+    for (SharedMutex* m : stripes_) {
+      if (std::binary_search(keep.begin(), keep.end(), m)) {
+        kept.push_back(m);
+      } else if (mode_ == Mode::kShared) {
+        m->UnlockShared();
+      } else {
+        m->Unlock();
+      }
+    }
+    stripes_ = std::move(kept);
+  }
+  HeldStripes(const HeldStripes&) = delete;
+  HeldStripes& operator=(const HeldStripes&) = delete;
 
  private:
   std::vector<SharedMutex*> stripes_;
+  const Mode mode_;
 };
 // How far ahead of a sequential reader of scattered blocks the engine hints
 // (PrefetchBlocks): half the host's read_ahead_kb on the test VM's disk.
@@ -790,34 +821,58 @@ struct Pool::Impl {
   Status WriteBlock(VolumeState& vol, uint64_t b, uint64_t off, std::span<const std::byte> buf,
                     BlockRun* run = nullptr, uint64_t blocks_left = 1,
                     std::optional<PoolBlock>* wrote = nullptr) {
-    const uint64_t bs = geometry.block_size();
-    const bool whole = off == 0 && buf.size() == bs;
     WriterLock stripe(&Stripe(vol.id, b));
-    Epoch e = vol.epoch.load();
-    // The newest own version at or below e: what vol resolves to when it has
-    // one (versions above e do not exist; a snapshot raises e before any).
-    THINFS_ASSIGN_OR_RETURN(const Resolved resolved, CachedResolve(vol, b));
+    return WriteBlockLocked(vol, b, off, buf, run, blocks_left, wrote);
+  }
+
+  // What a write at epoch e finds of block b of vol.
+  struct WriteTarget {
+    Resolved resolved;  // what vol resolves to
+    // The newest own version at or below e, when vol resolves to one
+    // (versions above e do not exist; a snapshot raises e before any).
     std::optional<Version> own;
-    if (resolved.found && resolved.owner == vol.id) own = Version{resolved.epoch, resolved.value};
-    const bool zeros = options.zero_detection && IsAllZero(buf);
-    if (own && own->epoch == e && !own->value.tombstone()) {
-      bool exclusive = true;
-      if (own->value.flags & MapValue::kMaybeShared) {
-        THINFS_ASSIGN_OR_RETURN(uint32_t rc, RefcountForInPlaceWrite(own->value.block));
-        exclusive = rc <= 1;
-      }
-      if (exclusive) {
-        if (zeros && whole) return DiscardBlockLocked(vol, b);
-        // A block that owes its copy may keep the bytes in memory until
-        // the copy writes it whole.
-        if (wrote != nullptr && !copies.Owes(own->value.block)) *wrote = own->value.block;
-        Status s = copies.Write(own->value.block, off, buf);
-        NoteDataWritten(/*new_block=*/false);
-        return s;
+    // own is at e, maps a block, and nobody else reads that block: the
+    // write goes into it in place.
+    bool in_place = false;
+  };
+  // REQUIRES: vol.io_mu held shared; the stripe of (vol, b) exclusively.
+  Result<WriteTarget> FindWriteTarget(VolumeState& vol, uint64_t b, Epoch e) {
+    WriteTarget t;
+    THINFS_ASSIGN_OR_RETURN(t.resolved, CachedResolve(vol, b));
+    if (t.resolved.found && t.resolved.owner == vol.id) {
+      t.own = Version{t.resolved.epoch, t.resolved.value};
+    }
+    if (t.own && t.own->epoch == e && !t.own->value.tombstone()) {
+      t.in_place = true;
+      if (t.own->value.flags & MapValue::kMaybeShared) {
+        THINFS_ASSIGN_OR_RETURN(uint32_t rc, RefcountForInPlaceWrite(t.own->value.block));
+        t.in_place = rc <= 1;
       }
     }
+    return t;
+  }
+
+  // WriteBlock with the stripe of (vol, b) held exclusively by the caller.
+  Status WriteBlockLocked(VolumeState& vol, uint64_t b, uint64_t off,
+                          std::span<const std::byte> buf, BlockRun* run, uint64_t blocks_left,
+                          std::optional<PoolBlock>* wrote) {
+    const uint64_t bs = geometry.block_size();
+    const bool whole = off == 0 && buf.size() == bs;
+    Epoch e = vol.epoch.load();
+    THINFS_ASSIGN_OR_RETURN(const WriteTarget target, FindWriteTarget(vol, b, e));
+    const std::optional<Version>& own = target.own;
+    const bool zeros = options.zero_detection && IsAllZero(buf);
+    if (target.in_place) {
+      if (zeros && whole) return DiscardBlockLocked(vol, b);
+      // A block that owes its copy may keep the bytes in memory until
+      // the copy writes it whole.
+      if (wrote != nullptr && !copies.Owes(own->value.block)) *wrote = own->value.block;
+      Status s = copies.Write(own->value.block, off, buf);
+      NoteDataWritten(/*new_block=*/false);
+      return s;
+    }
     // Without an own version, vol resolves to what its parent shows.
-    const Resolved& before = resolved;
+    const Resolved& before = target.resolved;
     if (zeros && (whole || !before.mapped())) {
       // Zeros over a block that reads as zeros change nothing; a whole
       // block of zeros unmaps.
@@ -871,6 +926,154 @@ struct Pool::Impl {
     return InstallVersion(vol, b, e, own, before, MapValue{p, 0});
   }
 
+  // How WriteStream writes one whole block of a stream.
+  struct StreamBlock {
+    enum Kind {
+      kAsWrite,  // at once, as WriteBlock writes it
+      kInPlace,  // over `block`, the volume's own and no one else's
+      kNew,      // to the new `block`, then mapped
+    };
+    Kind kind = kAsWrite;
+    PoolBlock block;
+    // kNew: what InstallVersion needs, as WriteBlock found it.
+    Epoch epoch = 0;
+    std::optional<Version> own;
+    Resolved before;
+  };
+
+  // WriteStream's plan for `buf` at `off` in block b of vol: the choices
+  // WriteBlockLocked makes, up to the data write. A kNew block is taken
+  // from `run`. Parts of a block, zeros and blocks that owe their copy
+  // are kAsWrite.
+  // REQUIRES: vol.io_mu held shared; the stripe of (vol, b) exclusively.
+  Result<StreamBlock> PlanStreamBlock(VolumeState& vol, uint64_t b, uint64_t off,
+                                      std::span<const std::byte> buf, BlockRun* run,
+                                      uint64_t blocks_left) {
+    StreamBlock plan;
+    if (off != 0 || buf.size() != geometry.block_size()) return plan;
+    if (options.zero_detection && IsAllZero(buf)) return plan;
+    const Epoch e = vol.epoch.load();
+    THINFS_ASSIGN_OR_RETURN(WriteTarget target, FindWriteTarget(vol, b, e));
+    if (target.in_place) {
+      if (copies.Owes(target.own->value.block)) return plan;
+      plan.kind = StreamBlock::kInPlace;
+      plan.block = target.own->value.block;
+      return plan;
+    }
+    THINFS_ASSIGN_OR_RETURN(plan.block, run->Take(blocks_left));
+    n_provisions.fetch_add(1, std::memory_order_relaxed);
+    plan.kind = StreamBlock::kNew;
+    plan.epoch = e;
+    plan.own = std::move(target.own);
+    plan.before = target.resolved;
+    return plan;
+  }
+
+  // Volume::Write of a stream of a writer with no cache of its own
+  // (WriteCache::kWriter): its whole blocks, new or overwritten in place,
+  // are written together, consecutive pool blocks in one write, past the
+  // host's cache where the data device can (BlockDevice::WritePastCache,
+  // docs/benchmarks.md, lever 52), and only then mapped; the stripes of
+  // those blocks are held throughout, so nobody reads a new block before
+  // its data are written, or frees one a write is still writing. The rest
+  // (parts of a block at the request's ends, zeros, owed copies) is
+  // written first, as Volume::Write writes it, and its stripes released.
+  // What went through the host's cache is added to `written`, for
+  // StartWriteback.
+  // REQUIRES: vol.io_mu held shared; the request inside the volume.
+  Status WriteStream(VolumeState& vol, uint64_t offset, std::span<const std::byte> buf,
+                     std::vector<BlockDevice::Run>* written) {
+    const uint64_t bs = geometry.block_size();
+    const uint64_t first = geometry.BlockOf(offset);
+    const uint64_t end = geometry.BlocksFor(offset + buf.size());
+    std::vector<SharedMutex*> stripes;
+    stripes.reserve(end - first);
+    for (uint64_t b = first; b < end; ++b) stripes.push_back(&Stripe(vol.id, b));
+    HeldStripes held(std::move(stripes), HeldStripes::Mode::kExclusive);
+    BlockRun run(this);
+
+    // The whole blocks to write together: where each piece of buf goes.
+    struct Piece {
+      uint64_t b;
+      std::span<const std::byte> buf;
+      StreamBlock how;
+    };
+    std::vector<Piece> pieces;
+    pieces.reserve(end - first);
+    // New blocks not (yet) mapped go back to the free space on a failure.
+    auto free_unmapped = [&](size_t from) {
+      ReaderLock swap(&swap_mu);
+      for (size_t i = from; i < pieces.size(); ++i) {
+        if (pieces[i].how.kind == StreamBlock::kNew) space->Free(pieces[i].how.block);
+      }
+    };
+    for (size_t done = 0; done < buf.size();) {
+      const uint64_t pos = offset + done;
+      const uint64_t b = geometry.BlockOf(pos);
+      const uint64_t off = geometry.OffsetInBlock(pos);
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(bs - off, buf.size() - done));
+      const std::span<const std::byte> piece = buf.subspan(done, n);
+      done += n;
+      Result<StreamBlock> how = PlanStreamBlock(vol, b, off, piece, &run, end - b);
+      Status s = how.status();
+      if (s.ok() && how->kind == StreamBlock::kAsWrite) {
+        std::optional<PoolBlock> wrote;
+        s = WriteBlockLocked(vol, b, off, piece, &run, end - b, &wrote);
+        if (wrote) AppendToRuns(written, *wrote);
+      } else if (s.ok()) {
+        pieces.push_back(Piece{b, piece, *how});
+      }
+      if (!s.ok()) {
+        free_unmapped(0);
+        return s;
+      }
+    }
+    // What is left to write holds its stripes; the others are done.
+    std::vector<SharedMutex*> keep;
+    keep.reserve(pieces.size());
+    for (const Piece& piece : pieces) keep.push_back(&Stripe(vol.id, piece.b));
+    held.Keep(std::move(keep));
+
+    // The data, each run of consecutive pool blocks in one write.
+    for (size_t i = 0; i < pieces.size();) {
+      size_t j = i + 1;
+      while (j < pieces.size() && pieces[j].b == pieces[j - 1].b + 1 &&
+             pieces[j].how.block.value == pieces[j - 1].how.block.value + 1) {
+        ++j;  // buf's pieces of consecutive blocks are consecutive too
+      }
+      const std::span<const std::byte> bytes(pieces[i].buf.data(), (j - i) * bs);
+      Result<bool> past = data->WritePastCache(pieces[i].how.block, 0, bytes);
+      Status s = past.status();
+      // Where it cannot, through the host's cache as WriteBlock writes.
+      for (size_t k = i; s.ok() && !*past && k < j; ++k) {
+        s = data->Write(pieces[k].how.block, 0, pieces[k].buf);
+        if (s.ok()) AppendToRuns(written, pieces[k].how.block);
+      }
+      if (!s.ok()) {
+        free_unmapped(0);
+        return s;
+      }
+      i = j;
+    }
+
+    // Then the map.
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const Piece& piece = pieces[i];
+      if (piece.how.kind == StreamBlock::kInPlace) {
+        NoteDataWritten(/*new_block=*/false);
+        continue;
+      }
+      NoteDataWritten(/*new_block=*/true);
+      Status s = InstallVersion(vol, piece.b, piece.how.epoch, piece.how.own, piece.how.before,
+                                MapValue{piece.how.block, 0});
+      if (!s.ok()) {
+        free_unmapped(i + 1);
+        return s;
+      }
+    }
+    return Status::Ok();
+  }
+
   // Reads `buf` from `off` into block b of vol. `around`: a read the data
   // device may read around (BlockDevice::ReadAround: the rest of the
   // block's window comes into the host's cache with it, lever 44).
@@ -902,7 +1105,7 @@ struct Pool::Impl {
     std::vector<SharedMutex*> stripes;
     stripes.reserve(last - first);
     for (uint64_t b = first; b < last; ++b) stripes.push_back(&Stripe(vol.id, b));
-    SharedStripes held(std::move(stripes));
+    HeldStripes held(std::move(stripes), HeldStripes::Mode::kShared);
 
     std::vector<BlockDevice::ReadPiece> pieces, owed;
     pieces.reserve(last - first);
@@ -1753,8 +1956,11 @@ Status Volume::Write(uint64_t offset, std::span<const std::byte> buf, WriteCache
     }
     p.n_writes.fetch_add(1, std::memory_order_relaxed);
     st.write_gen.fetch_add(1, std::memory_order_relaxed);
-    const bool stream =
-        cache == WriteCache::kWriter && st.ContinuesWrite(offset, offset + buf.size());
+    if (cache == WriteCache::kWriter && st.ContinuesWrite(offset, offset + buf.size())) {
+      THINFS_RETURN_IF_ERROR(p.WriteStream(st, offset, buf, &written));
+      st.TouchForWrite();
+      return Status::Ok();
+    }
     const uint64_t end = p.geometry.BlocksFor(offset + buf.size());
     Pool::Impl::BlockRun run(&p);
     size_t done = 0;
@@ -1764,10 +1970,7 @@ Status Volume::Write(uint64_t offset, std::span<const std::byte> buf, WriteCache
       uint64_t off = p.geometry.OffsetInBlock(pos);
       size_t n = static_cast<size_t>(
           std::min<uint64_t>(p.geometry.block_size() - off, buf.size() - done));
-      std::optional<PoolBlock> wrote;
-      THINFS_RETURN_IF_ERROR(p.WriteBlock(st, b, off, buf.subspan(done, n), &run, end - b,
-                                          stream ? &wrote : nullptr));
-      if (wrote) AppendToRuns(&written, *wrote);
+      THINFS_RETURN_IF_ERROR(p.WriteBlock(st, b, off, buf.subspan(done, n), &run, end - b));
       done += n;
     }
     st.TouchForWrite();

@@ -201,12 +201,14 @@ enum class WriteCache {
   // Nobody's: the writer opened the volume with O_DIRECT (a loop device,
   // a VM's disk with cache=none) and caches above it itself. A write that
   // continues one of the device's last few such writes (a stream: a file
-  // written through a loop device) heads for the disk at once
-  // (BlockDevice::StartWriteback), as it would over a raw disk, so that
-  // the writer's next flush finds it written, not a gigabyte to write.
-  // Other writes stay in the host's cache as with kHost: written back
-  // one by one, random writes ran at half the rate (docs/benchmarks.md,
-  // lever 51). Durability is the same either way: Flush.
+  // written through a loop device) heads for the disk at once, as it
+  // would over a raw disk, so that the writer's next flush finds it
+  // written, not a gigabyte to write: its whole blocks past the host's
+  // cache (BlockDevice::WritePastCache, written before they are mapped,
+  // docs/benchmarks.md, lever 52), the rest with its write-back started
+  // (BlockDevice::StartWriteback, lever 51). Other writes stay in the
+  // host's cache as with kHost: written back one by one, random writes ran
+  // at half the rate (lever 51). Durability is the same either way: Flush.
   kWriter,
 };
 

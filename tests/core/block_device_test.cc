@@ -404,6 +404,62 @@ TEST_F(ReadPastCacheTest, AlignedPiecesLeaveTheCacheEmptyAndReadWhatReadReads) {
   EXPECT_TRUE(d.CanReadPastCache());
 }
 
+// WritePastCache (lever 52): a 4 KiB-aligned write goes with O_DIRECT, so
+// the host's cache of the file stays empty, from a buffer that is not
+// aligned too (FUSE's are not), over data cached before (the kernel drops
+// those pages) and across blocks; Read() then reads it. A write that is
+// not aligned, or a device opened read-only, writes nothing and says so.
+class WritePastCacheTest : public CacheFileTest {};
+
+TEST_F(WritePastCacheTest, AlignedWritesLeaveTheCacheEmpty) {
+  const uint64_t bs = 64 * 1024;
+  const uint64_t blocks = 16;
+  CreateWrittenUncached(blocks * bs);
+  auto dev = FileBlockDevice::Open(path_, Geometry(bs, blocks), false, false);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  FileBlockDevice& d = **dev;
+  ASSERT_TRUE(d.CanReadPastCache()) << "O_DIRECT refused on " << path_;
+  Residency residency(fd_, blocks * bs);
+  // Three blocks from 4 KiB into block 2, from a buffer one byte on.
+  const std::vector<std::byte> bytes = Pattern(3 * bs, 7);
+  std::vector<std::byte> odd(3 * bs + 1);
+  std::copy(bytes.begin(), bytes.end(), odd.begin() + 1);
+  Result<bool> past = d.WritePastCache(PoolBlock(2), 4096, std::span(odd).subspan(1));
+  ASSERT_TRUE(past.ok()) << past.status().ToString();
+  EXPECT_TRUE(*past);
+  EXPECT_EQ(residency.Resident(0, blocks * bs), 0u) << "the write filled the cache";
+  // Over cached pages: the cache does not keep the old data.
+  ASSERT_TRUE(d.Write(PoolBlock(8), 0, Pattern(bs, 8)).ok());
+  ASSERT_GT(residency.Resident(8 * bs, bs), 0u);
+  past = d.WritePastCache(PoolBlock(8), 0, Pattern(bs, 9));
+  ASSERT_TRUE(past.ok() && *past) << past.status().ToString();
+  EXPECT_EQ(ReadBack(d, 8, 0, bs), Pattern(bs, 9));
+  std::vector<std::byte> want(blocks * bs, std::byte{0x5a});
+  std::copy(bytes.begin(), bytes.end(), want.begin() + static_cast<ptrdiff_t>(2 * bs + 4096));
+  const std::vector<std::byte> p9 = Pattern(bs, 9);
+  std::copy(p9.begin(), p9.end(), want.begin() + static_cast<ptrdiff_t>(8 * bs));
+  for (uint64_t b = 0; b < blocks; ++b) {
+    EXPECT_EQ(ReadBack(d, b, 0, bs),
+              std::vector<std::byte>(want.begin() + static_cast<ptrdiff_t>(b * bs),
+                                     want.begin() + static_cast<ptrdiff_t>((b + 1) * bs)))
+        << "block " << b;
+  }
+  // Not aligned: nothing written.
+  past = d.WritePastCache(PoolBlock(12), 512, Pattern(4096, 10));
+  ASSERT_TRUE(past.ok());
+  EXPECT_FALSE(*past);
+  past = d.WritePastCache(PoolBlock(12), 0, Pattern(4096 + 512, 10));
+  ASSERT_TRUE(past.ok());
+  EXPECT_FALSE(*past);
+  EXPECT_EQ(ReadBack(d, 12, 0, bs), std::vector<std::byte>(bs, std::byte{0x5a}));
+  // Read-only: nothing written.
+  auto ro = FileBlockDevice::Open(path_, Geometry(bs, blocks), false, /*read_only=*/true);
+  ASSERT_TRUE(ro.ok());
+  past = (*ro)->WritePastCache(PoolBlock(12), 0, Pattern(bs, 11));
+  ASSERT_TRUE(past.ok());
+  EXPECT_FALSE(*past);
+}
+
 // StartWriteback (lever 51) starts writing the runs' dirty pages to the
 // disk at once: cachestat(2) soon counts none of them dirty or under
 // write-back, while a block written but not hinted stays dirty (the

@@ -490,6 +490,145 @@ TEST(PoolTest, StreamsOfAWriterWithoutACacheStartTheirWriteback) {
   EXPECT_TRUE(got == want) << "after the commit";
 }
 
+// The whole blocks of a stream of a writer with no cache of its own go
+// past the host's cache, consecutive pool blocks in one write, new blocks
+// and blocks overwritten in place alike; parts of a block, zeros and the
+// writes that are not a stream go through it (docs/benchmarks.md, lever
+// 52). A failed write maps nothing and gives its new blocks back.
+TEST(PoolTest, WholeBlocksOfAStreamAreWrittenPastTheCacheInRuns) {
+  constexpr uint64_t kBlock = 64 << 10;
+  constexpr uint64_t kMiB = 1 << 20;
+  EngineFixture f(kBlock, 512);
+  ASSERT_TRUE(f.pool->CreateDevice("v", 8 * kMiB).ok());
+  auto v = Open(*f.pool, "v");
+  testing::ForwardingBlockDevice& data = *f.data_forwarder;
+  data.record_writes = true;
+  data.writes_past_cache = true;
+  using Io = testing::ForwardingBlockDevice::WriteIo;
+  using Ios = std::vector<Io>;
+  // (writes through the cache, writes past it) since the last call.
+  auto taken = [&] {
+    std::lock_guard<std::mutex> l(data.writes_mu);
+    return std::make_pair(std::exchange(data.writes, {}), std::exchange(data.past_cache_writes, {}));
+  };
+  std::vector<std::byte> want(8 * kMiB);
+  uint32_t seed = 1;
+  auto write = [&](uint64_t offset, uint64_t len, WriteCache cache) {
+    const std::vector<std::byte> bytes = Pattern(len, seed++);
+    ASSERT_OK(v->Write(offset, bytes, cache));
+    std::copy(bytes.begin(), bytes.end(), want.begin() + static_cast<ptrdiff_t>(offset));
+  };
+  // The host cache's writer, and a stream's first write: all through it.
+  write(0, kMiB + 4096, WriteCache::kHost);
+  EXPECT_EQ(taken().second, Ios{});
+  write(kMiB + 4096, kMiB - 4096, WriteCache::kWriter);
+  EXPECT_EQ(taken().second, Ios{});
+  // A stream: 16 new whole blocks in one write past the cache, then the
+  // part of the 17th through the cache (a new block, written whole with
+  // zeros around the part), on the next block of the same run.
+  uint64_t provisions = f.pool->Stats().provisions;
+  write(2 * kMiB, kMiB + 8192, WriteCache::kWriter);
+  {
+    auto [through, past] = taken();
+    ASSERT_EQ(past.size(), 1u);
+    EXPECT_EQ(past[0].offset, 0u);
+    EXPECT_EQ(past[0].len, kMiB);
+    ASSERT_EQ(through.size(), 1u);
+    EXPECT_EQ(through[0].block, past[0].block + 16) << "the request's blocks out of order";
+    EXPECT_EQ(through[0].len, kBlock);
+  }
+  EXPECT_EQ(f.pool->Stats().provisions - provisions, 17u);
+  // Over its own blocks (it continues the write that ended at 2 MiB): in
+  // place, past the cache, no new block.
+  provisions = f.pool->Stats().provisions;
+  uint64_t first_past = 0;
+  {
+    const auto& ios = f.pool->MappedBlockForTesting(v->id(), 2 * kMiB / kBlock);
+    ASSERT_TRUE(ios.ok() && *ios);
+    first_past = (*ios)->value;
+  }
+  write(2 * kMiB, kMiB, WriteCache::kWriter);
+  {
+    auto [through, past] = taken();
+    EXPECT_EQ(through, Ios{});
+    EXPECT_EQ(past, (Ios{Io{first_past, 0, kMiB}}));
+  }
+  EXPECT_EQ(f.pool->Stats().provisions, provisions);
+  // Whole blocks of zeros that continue the stream unmap: nothing written.
+  {
+    const std::vector<std::byte> zeros(2 * kBlock);
+    ASSERT_OK(v->Write(3 * kMiB, zeros, WriteCache::kWriter));
+    std::fill_n(want.begin() + static_cast<ptrdiff_t>(3 * kMiB), zeros.size(), std::byte{0});
+    auto [through, past] = taken();
+    EXPECT_EQ(through, Ios{});
+    EXPECT_EQ(past, Ios{});
+  }
+  // A write that fails maps nothing and gives its new blocks back.
+  ASSERT_OK(f.pool->Commit());
+  const uint64_t used = f.pool->Stats().used_blocks;
+  data.during_past_write = [&] { f.data->FailNthIo(1); };
+  const std::vector<std::byte> lost = Pattern(kMiB, 99);
+  EXPECT_FALSE(v->Write(3 * kMiB + 2 * kBlock, lost, WriteCache::kWriter).ok());
+  ASSERT_OK(f.pool->Commit());
+  EXPECT_EQ(f.pool->Stats().used_blocks, used);
+  taken();
+  std::vector<std::byte> got(8 * kMiB);
+  ASSERT_OK(v->Read(0, got).status());
+  EXPECT_TRUE(got == want);
+  // What a commit made durable reads back after a power loss.
+  ASSERT_OK(f.pool->Commit());
+  f.Crash();
+  EXPECT_TRUE(f.ReadAll("v") == want) << "after a crash";
+  f.CheckConsistency(/*exact_usage=*/false);
+}
+
+// A stream's new blocks are mapped only once their data are written past
+// the cache: a read of them waits for the write, and a commit made while
+// the data are being written does not map them, so that after a power loss
+// the device never shows what the data area held before (here, the bytes
+// of a deleted device).
+TEST(PoolTest, AStreamsNewBlocksAreMappedOnlyOnceWritten) {
+  constexpr uint64_t kBlock = 64 << 10;
+  constexpr uint64_t kMiB = 1 << 20;
+  EngineFixture f(kBlock, 512);
+  ASSERT_TRUE(f.pool->CreateDevice("v", 4 * kMiB).ok());
+  auto v = Open(*f.pool, "v");
+  const std::vector<std::byte> stale(kBlock, std::byte{0xEE});
+  for (uint64_t b = 0; b < 512; ++b) ASSERT_OK(f.data->Write(PoolBlock(b), 0, stale));
+  ASSERT_OK(f.data->Sync());
+  testing::ForwardingBlockDevice& data = *f.data_forwarder;
+  data.writes_past_cache = true;
+  ASSERT_OK(v->Write(0, Pattern(kMiB, 1), WriteCache::kWriter));  // starts the stream
+  const std::vector<std::byte> bytes = Pattern(kMiB, 2);
+  std::vector<std::byte> got(kMiB);
+  std::atomic<bool> read_done{false};
+  bool read_waited = false;
+  std::thread reader;
+  data.during_past_write = [&] {
+    reader = std::thread([&] {
+      EXPECT_OK(v->Read(kMiB, got).status());
+      read_done.store(true);
+    });
+    std::thread committer([&] { EXPECT_OK(f.pool->Commit()); });
+    committer.join();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    read_waited = !read_done.load();
+  };
+  ASSERT_OK(v->Write(kMiB, bytes, WriteCache::kWriter));
+  ASSERT_TRUE(reader.joinable()) << "the write did not go past the cache";
+  reader.join();
+  EXPECT_TRUE(read_waited) << "a read of the blocks being written did not wait for them";
+  EXPECT_TRUE(got == bytes) << "read " << static_cast<int>(got[0]) << " first";
+  f.Crash();
+  const std::vector<std::byte> after = f.ReadAll("v");
+  ASSERT_EQ(after.size(), 4 * kMiB);
+  EXPECT_TRUE(std::equal(after.begin(), after.begin() + kMiB, Pattern(kMiB, 1).begin()));
+  EXPECT_TRUE(std::all_of(after.begin() + kMiB, after.begin() + 2 * kMiB,
+                          [](std::byte x) { return x == std::byte{0}; }))
+      << "the commit made during the write mapped its blocks: read "
+      << static_cast<int>(after[kMiB]) << " first";
+}
+
 // A sequential reader whose blocks lie scattered in the data area gets
 // readahead in the device's block order: a cold read of several runs that
 // starts where the last read ended hints the next 4 MiB of the device (4

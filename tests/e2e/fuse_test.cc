@@ -429,14 +429,16 @@ void WriteInOrder(int fd, const std::vector<char>& bytes) {
   }
 }
 
-// direct_writes (lever 51): writes through a volume file opened O_DIRECT
-// that continue one another (a stream, as a loop device writes a file)
-// start their data's write-back at once. With no periodic commit
-// (commit_interval=0) to sync pool/data, its pages soon hold no dirty data
-// but the stream's first write's (which continues nothing). With
-// direct_writes=off the same writes all stay dirty in the host's cache
-// until a commit (here the close, which commits what the file wrote).
-// Either way they read back as written.
+// direct_writes (levers 51 and 52): writes through a volume file opened
+// O_DIRECT that continue one another (a stream, as a loop device writes a
+// file) go to the disk as they come: their whole blocks past the host's
+// cache of pool/data, which never holds them, and the rest with their
+// write-back started at once. With no periodic commit (commit_interval=0)
+// to sync pool/data, the cache holds nothing of the stream but its first
+// write's (which continues nothing), and of that nothing is left dirty
+// but that. With direct_writes=off the same writes all stay dirty in the
+// host's cache until a commit (here the close, which commits what the
+// file wrote). Either way they read back as written.
 TEST_F(FuseTest, StreamsOfAnODirectWriterHeadForTheDisk) {
   FormatPool("64M");
   const PoolDataFile data(pool_);
@@ -447,10 +449,14 @@ TEST_F(FuseTest, StreamsOfAnODirectWriterHeadForTheDisk) {
     GTEST_SKIP() << "no cachestat(2) here (" << probe.status().ToString()
                  << "): nothing tells pool/data's dirty pages from clean ones";
   }
-  auto pending = [&] {
+  auto counts = [&] {
     Result<PageCacheCounts> c = CountPages(fd, 0, data_bytes);
     EXPECT_TRUE(c.ok()) << c.status().ToString();
-    return c.ok() ? c->dirty + c->writeback : 0;
+    return c.ok() ? *c : PageCacheCounts{};
+  };
+  auto pending = [&] {
+    const PageCacheCounts c = counts();
+    return c.dirty + c.writeback;
   };
   const size_t size = 8 << 20;
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
@@ -460,13 +466,17 @@ TEST_F(FuseTest, StreamsOfAnODirectWriterHeadForTheDisk) {
               "");
     const std::string v = direct_writes ? "v" : "w";
     Truncate(v, "8M");
-    // Nothing of pool/data dirty before: the format and the mount synced.
+    // Nothing of pool/data dirty before: the format and the mount synced;
+    // nothing cached either.
     ASSERT_EQ(fdatasync(fd), 0);
+    ASSERT_EQ(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
     const std::vector<char> bytes = Pattern(direct_writes ? 12 : 13, 0, size);
     const int vfd = open(Vol(v).c_str(), O_WRONLY | O_DIRECT);
     ASSERT_GE(vfd, 0) << strerror(errno);
     WriteInOrder(vfd, bytes);
     if (direct_writes) {
+      EXPECT_LE(counts().cached, (1 << 20) / page)
+          << "more than the stream's first write went through pool/data's cache";
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
       while (pending() > (1 << 20) / page && std::chrono::steady_clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));

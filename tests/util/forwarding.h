@@ -4,6 +4,7 @@
 #ifndef THINFS_TESTS_UTIL_FORWARDING_H_
 #define THINFS_TESTS_UTIL_FORWARDING_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -83,6 +84,30 @@ class ForwardingBlockDevice final : public BlockDevice {
     }
     t_->StartWriteback(runs);
   }
+  // With writes_past_cache, the pool's writes past the host's cache are
+  // recorded in past_cache_writes and reach the target block by block as
+  // plain writes (a MemBlockDevice has no cache to go past); otherwise they
+  // are the target's.
+  Result<bool> WritePastCache(PoolBlock b, uint64_t o, std::span<const std::byte> buf) override {
+    if (!writes_past_cache) return t_->WritePastCache(b, o, buf);
+    if (during_past_write) {
+      std::function<void()> hook = std::move(during_past_write);
+      during_past_write = nullptr;
+      hook();
+    }
+    {
+      std::lock_guard<std::mutex> l(writes_mu);
+      past_cache_writes.push_back(WriteIo{b.value, o, buf.size()});
+    }
+    const uint64_t bs = t_->geometry().block_size();
+    for (uint64_t done = 0; done < buf.size();) {
+      const uint64_t pos = o + done;
+      const uint64_t n = std::min<uint64_t>(bs - pos % bs, buf.size() - done);
+      THINFS_RETURN_IF_ERROR(t_->Write(PoolBlock(b.value + pos / bs), pos % bs, buf.subspan(done, n)));
+      done += n;
+    }
+    return true;
+  }
   bool RunsCached(std::span<const Run> runs) override {
     return report_cached || (!report_cold && t_->RunsCached(runs));
   }
@@ -144,6 +169,14 @@ class ForwardingBlockDevice final : public BlockDevice {
   bool record_writes = false;
   std::mutex writes_mu;
   std::vector<WriteIo> writes;
+  // Claim to write past the host's cache (WritePastCache above); every such
+  // write as (pool block, offset, length), under writes_mu.
+  bool writes_past_cache = false;
+  std::vector<WriteIo> past_cache_writes;
+  // Run once, from the writing thread, at the start of the next
+  // WritePastCache (writes_past_cache set), before anything is written. Set
+  // it only while no write is running.
+  std::function<void()> during_past_write;
 
  private:
   BlockDevice* const t_;
