@@ -110,8 +110,9 @@ struct MountOptions {
 //   direct_reads=on|off         reads of several blocks through a file
 //                               opened O_DIRECT, not cached, read the data
 //                               file with O_DIRECT (default on)
-//   direct_writes=on|off        writes through a file opened O_DIRECT start
-//                               their data's write-back at once (default on)
+//   direct_writes=on|off        streams of writes through a file opened
+//                               O_DIRECT go to the disk at once, whole
+//                               blocks past the host's cache (default on)
 //   read_around=SIZE            a random read within a block, not cached,
 //                               reads the block's SIZE-aligned window into
 //                               the host's cache (default 64K; 0 off)
