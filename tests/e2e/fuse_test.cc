@@ -679,10 +679,22 @@ TEST_F(FuseTest, CpuLatencyOptionHoldsTheLimitWhileRequestsArrive) {
   EXPECT_GE(quiet["ms_held"].AsUint(), 300u) << status.output;  // the reads' 300 ms at least
   ASSERT_TRUE(DirectRead(Vol("v")));
   EXPECT_EQ(CpuLatencyLimit(), 7) << "a request after a quiet spell did not set it again";
+  // The status while requests keep arriving: one read holds the limit for
+  // a period (50 ms) only, less than a status command can take on a
+  // loaded machine or under the sanitizers.
+  done.store(false);
+  std::thread again_reader([&] {
+    while (!done.load() && DirectRead(Vol("v"))) {
+    }
+  });
   status = Thinfs({"status", pool_, "--json"});
+  done.store(true);
+  again_reader.join();
+  ASSERT_EQ(status.exit_code, 0) << status.output;
   JsonValue again = ParseJson(status.output)["fuse_transport"]["cpu_latency"];
   EXPECT_TRUE(again["held"].boolean) << status.output;
-  EXPECT_EQ(again["times_set"].AsUint(), quiet["times_set"].AsUint() + 1) << status.output;
+  // Set again once, or more where a stalled reader let a period lapse.
+  EXPECT_GE(again["times_set"].AsUint(), quiet["times_set"].AsUint() + 1) << status.output;
   EXPECT_NE(Thinfs({"status", pool_}).output.find("cpu latency:     7 µs while requests arrive"),
             std::string::npos);
   ASSERT_EQ(Unmount(), "");
