@@ -470,6 +470,14 @@ struct Pool::Impl {
   SharedMutex& Stripe(VolumeId dev, uint64_t b) {
     return stripes[HashKey(dev.value, b) % kStripes];
   }
+  // The stripes of blocks [first, end) of vol, for HeldStripes.
+  std::vector<SharedMutex*> StripesOf(const VolumeState& vol, uint64_t first, uint64_t end) {
+    std::vector<SharedMutex*> stripes;
+    stripes.reserve(end - first);
+    for (uint64_t b = first; b < end; ++b) stripes.push_back(&Stripe(vol.id, b));
+    return stripes;
+  }
+
   Shard& ShardOf(uint64_t dev, uint64_t b) { return shards[HashKey(dev, b) % kOverlayShards]; }
 
   Status CheckWritable() const {
@@ -986,10 +994,7 @@ struct Pool::Impl {
     const uint64_t bs = geometry.block_size();
     const uint64_t first = geometry.BlockOf(offset);
     const uint64_t end = geometry.BlocksFor(offset + buf.size());
-    std::vector<SharedMutex*> stripes;
-    stripes.reserve(end - first);
-    for (uint64_t b = first; b < end; ++b) stripes.push_back(&Stripe(vol.id, b));
-    HeldStripes held(std::move(stripes), HeldStripes::Mode::kExclusive);
+    HeldStripes held(StripesOf(vol, first, end), HeldStripes::Mode::kExclusive);
     BlockRun run(this);
 
     // The whole blocks to write together: where each piece of buf goes.
@@ -1102,10 +1107,7 @@ struct Pool::Impl {
                     BlockDevice::Cache cache) {
     const uint64_t first = geometry.BlockOf(offset);
     const uint64_t last = geometry.BlocksFor(offset + buf.size());
-    std::vector<SharedMutex*> stripes;
-    stripes.reserve(last - first);
-    for (uint64_t b = first; b < last; ++b) stripes.push_back(&Stripe(vol.id, b));
-    HeldStripes held(std::move(stripes), HeldStripes::Mode::kShared);
+    HeldStripes held(StripesOf(vol, first, last), HeldStripes::Mode::kShared);
 
     std::vector<BlockDevice::ReadPiece> pieces, owed;
     pieces.reserve(last - first);
