@@ -1,30 +1,96 @@
 #!/usr/bin/env bash
-# 4 KiB random overwrites of a provisioned volume, through the mount: the
-# single-target probe behind docs/benchmarks.md levers 12-13.
+# 4 KiB random overwrites of a file through a FUSE mount: the
+# single-target probe behind docs/benchmarks.md levers 12-13, and the
+# stop of 2026-12-06's look at target 1's random write.
 #   bench/overwrite_iops.sh THINFS_BINARY [MOUNT_OPTIONS] [DIR]
-# Formats a 4 GiB sparse pool in DIR (default /var/tmp/overwrite_iops),
-# mounts it with -o MOUNT_OPTIONS, writes a 1 GiB volume sequentially
-# (fsynced), then runs fio --rw=randwrite --bs=4k --ioengine=psync for 5 s
-# three times and prints each run's IOPS. Unmounts and removes DIR on any
-# exit. Needs root (FUSE), fio.
+#   bench/overwrite_iops.sh passthrough=PASSTHROUGH_LL_BINARY [-] [DIR]
+# thinfs: formats a 4 GiB sparse pool in DIR (default
+# /var/tmp/overwrite_iops), mounts it with -o MOUNT_OPTIONS and makes a
+# volume of SIZE; passthrough=: serves a file of SIZE in DIR with libfuse's
+# passthrough_ll (as bench/fio_compare.py's fuse-passthrough target).
+# Writes the file sequentially (fsynced), then runs fio --rw=randwrite
+# --bs=4k --ioengine=psync for 5 s three times and prints each run's IOPS
+# and the daemon's CPU time per write (utime + stime of its process).
+# SIZE (default 1G) and RUNTIME (seconds, default 5) in the environment
+# change the file's size and each run's length (CI's quick test: 64M, 1).
+# COLD=1 in the environment: before each run the file and what backs it
+# (the pool's data file, the passthrough's source file) are synced and
+# evicted from the page cache, as fio_compare.py's --cache cold does.
+# Unmounts and removes DIR on any exit. Needs root (FUSE) and fio (exit
+# 77 without them; 1 under CI).
 set -euo pipefail
-bin=$(realpath "$1")
+# shellcheck source=bench/benchlib.sh
+source "$(dirname "$0")/benchlib.sh"
+if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
+  header_usage 20
+  [[ $# -ge 1 ]] && exit 0
+  exit 2
+fi
+require_root_and_fio overwrite_iops
+target=$1
 opts=${2:-}
+[ "$opts" = - ] && opts=
 dir=${3:-/var/tmp/overwrite_iops}
+size=${SIZE:-1G}
+runtime=${RUNTIME:-5}
 [ -e "$dir" ] && { echo "$dir exists; give another DIR" >&2; exit 2; }
 mkdir -p "$dir/mnt"
-cleanup() {
-  mountpoint -q "$dir/mnt" && "$bin" umount "$dir/mnt" >/dev/null 2>&1 || true
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-"$bin" format "$dir/pool" --size 4G >/dev/null
-if [ -n "$opts" ]; then "$bin" mount "$dir/pool" "$dir/mnt" -o "$opts"; else "$bin" mount "$dir/pool" "$dir/mnt"; fi
-truncate -s 1G "$dir/mnt/vol"
-fio --name=fill --filename="$dir/mnt/vol" --rw=write --bs=1M --size=1G --end_fsync=1 \
+pid=
+case "$target" in
+  passthrough=*)
+    bin=$(realpath "${target#passthrough=}")
+    cleanup() {
+      mountpoint -q "$dir/mnt" && fusermount3 -u "$dir/mnt" >/dev/null 2>&1 || true
+      [ -n "$pid" ] && wait "$pid" 2>/dev/null || true
+      rm -rf "$dir"
+    }
+    trap cleanup EXIT
+    mkdir "$dir/src"
+    truncate -s "$size" "$dir/src/fio.dat"
+    "$bin" -f -o "source=$dir/src" "$dir/mnt" 2>/dev/null &
+    pid=$!
+    for _ in $(seq 50); do mountpoint -q "$dir/mnt" && break; sleep 0.1; done
+    mountpoint -q "$dir/mnt" || { echo "passthrough_ll did not mount" >&2; exit 1; }
+    file=$dir/mnt/fio.dat
+    backing=$dir/src/fio.dat
+    ;;
+  *)
+    bin=$(realpath "$target")
+    cleanup() {
+      mountpoint -q "$dir/mnt" && "$bin" umount "$dir/mnt" >/dev/null 2>&1 || true
+      rm -rf "$dir"
+    }
+    trap cleanup EXIT
+    "$bin" format "$dir/pool" --size 4G >/dev/null
+    if [ -n "$opts" ]; then "$bin" mount "$dir/pool" "$dir/mnt" -o "$opts"; else "$bin" mount "$dir/pool" "$dir/mnt"; fi
+    pid=$(cat "$dir/pool/lock")
+    truncate -s "$size" "$dir/mnt/vol"
+    file=$dir/mnt/vol
+    backing=$dir/pool/data
+    ;;
+esac
+fio --name=fill --filename="$file" --rw=write --bs=1M --size="$size" --end_fsync=1 \
   --ioengine=psync --output=/dev/null
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
 for _ in 1 2 3; do
-  fio --name=rw --filename="$dir/mnt/vol" --rw=randwrite --bs=4k --size=1G --time_based \
-    --runtime=5 --ioengine=psync --output-format=json --output="$dir/out.json"
-  python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('iops', round(j['jobs'][0]['write']['iops']))" "$dir/out.json"
+  if [ "${COLD:-0}" = 1 ]; then
+    python3 -c '
+import os, sys
+for p in sys.argv[1:]:
+    fd = os.open(p, os.O_RDONLY)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)' "$file" "$backing"
+  fi
+  before=$(cpu_ticks)
+  fio --name=rw --filename="$file" --rw=randwrite --bs=4k --size="$size" --time_based \
+    --runtime="$runtime" --ioengine=psync --output-format=json --output="$dir/out.json"
+  after=$(cpu_ticks)
+  python3 -c '
+import json, os, sys
+j = json.load(open(sys.argv[1]))["jobs"][0]["write"]
+ticks = int(sys.argv[3]) - int(sys.argv[2])
+cpu_us = ticks * 1e6 / os.sysconf("SC_CLK_TCK")
+print("iops", round(j["iops"]), "daemon_cpu_us_per_write", round(cpu_us / max(1, j["total_ios"]), 1))' \
+    "$dir/out.json" "$before" "$after"
 done
