@@ -28,8 +28,8 @@ if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
 fi
 require_root_and_fio overwrite_iops
 target=$1
-opts=${2:-}
-[ "$opts" = - ] && opts=
+mount_opts=${2:-}
+[ "$mount_opts" = - ] && mount_opts=
 dir=${3:-/var/tmp/overwrite_iops}
 size=${SIZE:-1G}
 runtime=${RUNTIME:-5}
@@ -40,8 +40,8 @@ case "$target" in
   passthrough=*)
     bin=$(realpath "${target#passthrough=}")
     cleanup() {
-      mountpoint -q "$dir/mnt" && fusermount3 -u "$dir/mnt" >/dev/null 2>&1 || true
-      [ -n "$pid" ] && wait "$pid" 2>/dev/null || true
+      if mountpoint -q "$dir/mnt"; then fusermount3 -u "$dir/mnt" >/dev/null 2>&1 || true; fi
+      if [ -n "$pid" ]; then wait "$pid" 2>/dev/null || true; fi
       rm -rf "$dir"
     }
     trap cleanup EXIT
@@ -57,12 +57,16 @@ case "$target" in
   *)
     bin=$(realpath "$target")
     cleanup() {
-      mountpoint -q "$dir/mnt" && "$bin" umount "$dir/mnt" >/dev/null 2>&1 || true
+      if mountpoint -q "$dir/mnt"; then "$bin" umount "$dir/mnt" >/dev/null 2>&1 || true; fi
       rm -rf "$dir"
     }
     trap cleanup EXIT
     "$bin" format "$dir/pool" --size 4G >/dev/null
-    if [ -n "$opts" ]; then "$bin" mount "$dir/pool" "$dir/mnt" -o "$opts"; else "$bin" mount "$dir/pool" "$dir/mnt"; fi
+    if [ -n "$mount_opts" ]; then
+      "$bin" mount "$dir/pool" "$dir/mnt" -o "$mount_opts"
+    else
+      "$bin" mount "$dir/pool" "$dir/mnt"
+    fi
     pid=$(cat "$dir/pool/lock")
     truncate -s "$size" "$dir/mnt/vol"
     file=$dir/mnt/vol
