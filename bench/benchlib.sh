@@ -73,3 +73,29 @@ parse_configs() {
     if [[ $c == *:* ]]; then opts+=("${c#*:}"); else opts+=(""); fi
   done
 }
+
+# Syncs each FILE and evicts it from the page cache (POSIX_FADV_DONTNEED),
+# as fio_compare.py's --cache cold does for a target's files.
+evict_files() {
+  python3 -c '
+import os, sys
+for p in sys.argv[1:]:
+    fd = os.open(p, os.O_RDONLY)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)' "$@"
+}
+
+# Serves SRC on MNT with a libfuse passthrough BINARY in the background
+# (its output to LOG) and waits up to 5 s for the mount; sets the caller's
+# passthrough_pid. PROBE names the script in the message if it does not
+# mount (exit 1).
+start_passthrough() {
+  local probe=$1 binary=$2 src=$3 mnt=$4 log=$5
+  "$binary" -f -o source="$src" "$mnt" >"$log" 2>&1 &
+  # shellcheck disable=SC2034 # set for the caller
+  passthrough_pid=$!
+  for _ in $(seq 100); do mountpoint -q "$mnt" && return 0; sleep 0.05; done
+  echo "$probe: passthrough did not mount" >&2
+  exit 1
+}

@@ -66,10 +66,8 @@ servers=("thinfs:$(cat "$work/pool/lock"):$work/mnt/vol")
 if [[ -n $pt ]]; then
   mkdir -p "$work/pt-src" "$work/pt-mnt"
   truncate -s 512M "$work/pt-src/f"
-  "$pt" -f -o source="$work/pt-src" "$work/pt-mnt" >"$work/pt.log" 2>&1 &
-  pt_pid=$!
-  for _ in $(seq 100); do mountpoint -q "$work/pt-mnt" && break; sleep 0.05; done
-  mountpoint -q "$work/pt-mnt" || { echo "cpu_placement: passthrough did not mount" >&2; exit 1; }
+  start_passthrough cpu_placement "$pt" "$work/pt-src" "$work/pt-mnt" "$work/pt.log"
+  pt_pid=$passthrough_pid
   servers+=("passthrough:$pt_pid:$work/pt-mnt/f")
 fi
 for s in "${servers[@]}"; do

@@ -10,11 +10,13 @@
 # GETATTRs, page-cache drops). Unmounts and removes DIR on any exit.
 # Needs root (FUSE), fio.
 set -euo pipefail
+# shellcheck source=bench/benchlib.sh
+source "$(dirname "$0")/benchlib.sh"
 bin=$(realpath "$1")
-opts=${2:-}
+mount_opts=${2:-}
 dir=${3:-/var/tmp/mixed_requests}
-[ -e "$dir" ] && { echo "$dir exists; give another DIR" >&2; exit 2; }
-mkdir -p "$dir/mnt"
+make_work_dir mixed_requests "$dir"
+mkdir "$dir/mnt"
 pid=
 cleanup() {
   mountpoint -q "$dir/mnt" && "$bin" umount "$dir/mnt" >/dev/null 2>&1 || true
@@ -24,14 +26,13 @@ cleanup() {
 trap cleanup EXIT
 "$bin" format "$dir/pool" --size 4G >/dev/null
 "$bin" create "$dir/pool" vol --size 1G >/dev/null
-"$bin" mount "$dir/pool" "$dir/mnt" -f ${opts:+-o "$opts"} 2>"$dir/log" &
+"$bin" mount "$dir/pool" "$dir/mnt" -f ${mount_opts:+-o "$mount_opts"} 2>"$dir/log" &
 pid=$!
 for _ in $(seq 100); do mountpoint -q "$dir/mnt" && break; sleep 0.1; done
 mountpoint -q "$dir/mnt" || { cat "$dir/log" >&2; exit 1; }
 fio --name=fill --filename="$dir/mnt/vol" --rw=write --bs=1M --size=1G --end_fsync=1 \
   --ioengine=psync --output=/dev/null
-python3 -c "import os,sys; fd=os.open(sys.argv[1], os.O_RDONLY); os.fsync(fd); \
-os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)" "$dir/mnt/vol"
+evict_files "$dir/mnt/vol"
 fio --name=rw --filename="$dir/mnt/vol" --rw=randrw --rwmixread=50 --bs=4k --size=1G \
   --numjobs=4 --group_reporting --time_based --runtime=6 --ioengine=psync --invalidate=1 \
   --randrepeat=0 --output-format=json --output="$dir/out.json"

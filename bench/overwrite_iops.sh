@@ -33,34 +33,30 @@ mount_opts=${2:-}
 dir=${3:-/var/tmp/overwrite_iops}
 size=${SIZE:-1G}
 runtime=${RUNTIME:-5}
-[ -e "$dir" ] && { echo "$dir exists; give another DIR" >&2; exit 2; }
-mkdir -p "$dir/mnt"
+make_work_dir overwrite_iops "$dir"
+mkdir "$dir/mnt"
 pid=
 case "$target" in
+  passthrough=*) bin=$(realpath "${target#passthrough=}"); unmount=(fusermount3 -u) ;;
+  *) bin=$(realpath "$target"); unmount=("$bin" umount) ;;
+esac
+cleanup() {
+  if mountpoint -q "$dir/mnt"; then "${unmount[@]}" "$dir/mnt" >/dev/null 2>&1 || true; fi
+  # passthrough_ll exits once unmounted; the thinfs daemon is not our child.
+  if [[ -n ${passthrough_pid:-} ]]; then wait "$passthrough_pid" 2>/dev/null || true; fi
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+case "$target" in
   passthrough=*)
-    bin=$(realpath "${target#passthrough=}")
-    cleanup() {
-      if mountpoint -q "$dir/mnt"; then fusermount3 -u "$dir/mnt" >/dev/null 2>&1 || true; fi
-      if [ -n "$pid" ]; then wait "$pid" 2>/dev/null || true; fi
-      rm -rf "$dir"
-    }
-    trap cleanup EXIT
     mkdir "$dir/src"
     truncate -s "$size" "$dir/src/fio.dat"
-    "$bin" -f -o "source=$dir/src" "$dir/mnt" 2>/dev/null &
-    pid=$!
-    for _ in $(seq 50); do mountpoint -q "$dir/mnt" && break; sleep 0.1; done
-    mountpoint -q "$dir/mnt" || { echo "passthrough_ll did not mount" >&2; exit 1; }
+    start_passthrough overwrite_iops "$bin" "$dir/src" "$dir/mnt" "$dir/passthrough.log"
+    pid=$passthrough_pid
     file=$dir/mnt/fio.dat
     backing=$dir/src/fio.dat
     ;;
   *)
-    bin=$(realpath "$target")
-    cleanup() {
-      if mountpoint -q "$dir/mnt"; then "$bin" umount "$dir/mnt" >/dev/null 2>&1 || true; fi
-      rm -rf "$dir"
-    }
-    trap cleanup EXIT
     "$bin" format "$dir/pool" --size 4G >/dev/null
     if [ -n "$mount_opts" ]; then
       "$bin" mount "$dir/pool" "$dir/mnt" -o "$mount_opts"
@@ -77,15 +73,7 @@ fio --name=fill --filename="$file" --rw=write --bs=1M --size="$size" --end_fsync
   --ioengine=psync --output=/dev/null
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
 for _ in 1 2 3; do
-  if [ "${COLD:-0}" = 1 ]; then
-    python3 -c '
-import os, sys
-for p in sys.argv[1:]:
-    fd = os.open(p, os.O_RDONLY)
-    os.fsync(fd)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)' "$file" "$backing"
-  fi
+  if [ "${COLD:-0}" = 1 ]; then evict_files "$file" "$backing"; fi
   before=$(cpu_ticks)
   fio --name=rw --filename="$file" --rw=randwrite --bs=4k --size="$size" --time_based \
     --runtime="$runtime" --ioengine=psync --output-format=json --output="$dir/out.json"
