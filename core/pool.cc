@@ -15,6 +15,7 @@
 #include "core/mapping_walk.h"
 #include "core/mutex.h"
 #include "core/transaction.h"
+#include "core/zeros.h"
 
 namespace thinfs {
 
@@ -40,25 +41,6 @@ void AppendToRuns(std::vector<BlockDevice::Run>* runs, PoolBlock block) {
   } else {
     runs->push_back(BlockDevice::Run{block, 1});
   }
-}
-
-bool IsAllZero(std::span<const std::byte> buf) {
-  const std::byte* p = buf.data();
-  size_t n = buf.size();
-  // Word at a time; block buffers are large and usually aligned.
-  while (n >= sizeof(uint64_t)) {
-    uint64_t w;
-    std::memcpy(&w, p, sizeof w);
-    if (w != 0) return false;
-    p += sizeof w;
-    n -= sizeof w;
-  }
-  while (n > 0) {
-    if (*p != std::byte{0}) return false;
-    ++p;
-    --n;
-  }
-  return true;
 }
 
 struct BlockKey {
@@ -861,15 +843,18 @@ struct Pool::Impl {
   }
 
   // WriteBlock with the stripe of (vol, b) held exclusively by the caller.
+  // `zeros_found`: what a zero check of buf by the caller found, if it made
+  // one (WriteStream's plan), so that a block of zeros is not read twice.
   Status WriteBlockLocked(VolumeState& vol, uint64_t b, uint64_t off,
                           std::span<const std::byte> buf, BlockRun* run, uint64_t blocks_left,
-                          std::optional<PoolBlock>* wrote) {
+                          std::optional<PoolBlock>* wrote,
+                          std::optional<bool> zeros_found = std::nullopt) {
     const uint64_t bs = geometry.block_size();
     const bool whole = off == 0 && buf.size() == bs;
     Epoch e = vol.epoch.load();
     THINFS_ASSIGN_OR_RETURN(const WriteTarget target, FindWriteTarget(vol, b, e));
     const std::optional<Version>& own = target.own;
-    const bool zeros = options.zero_detection && IsAllZero(buf);
+    const bool zeros = options.zero_detection && (zeros_found ? *zeros_found : IsAllZero(buf));
     if (target.in_place) {
       if (zeros && whole) return DiscardBlockLocked(vol, b);
       // A block that owes its copy may keep the bytes in memory until
@@ -942,6 +927,8 @@ struct Pool::Impl {
       kNew,      // to the new `block`, then mapped
     };
     Kind kind = kAsWrite;
+    // kAsWrite: what the plan's zero check found, if it made one.
+    std::optional<bool> zeros;
     PoolBlock block;
     // kNew: what InstallVersion needs, as WriteBlock found it.
     Epoch epoch = 0;
@@ -959,7 +946,10 @@ struct Pool::Impl {
                                       uint64_t blocks_left) {
     StreamBlock plan;
     if (off != 0 || buf.size() != geometry.block_size()) return plan;
-    if (options.zero_detection && IsAllZero(buf)) return plan;
+    if (options.zero_detection) {
+      plan.zeros = IsAllZero(buf);
+      if (*plan.zeros) return plan;
+    }
     const Epoch e = vol.epoch.load();
     THINFS_ASSIGN_OR_RETURN(WriteTarget target, FindWriteTarget(vol, b, e));
     if (target.in_place) {
@@ -1023,7 +1013,7 @@ struct Pool::Impl {
       Status s = how.status();
       if (s.ok() && how->kind == StreamBlock::kAsWrite) {
         std::optional<PoolBlock> wrote;
-        s = WriteBlockLocked(vol, b, off, piece, &run, end - b, &wrote);
+        s = WriteBlockLocked(vol, b, off, piece, &run, end - b, &wrote, how->zeros);
         if (wrote) AppendToRuns(written, *wrote);
       } else if (s.ok()) {
         pieces.push_back(Piece{b, piece, *how});

@@ -978,6 +978,45 @@ TEST(PoolTest, ZeroDetectionUnmaps) {
   EXPECT_EQ(g.pool->GetDevice("v")->mapped_blocks, 1u);
 }
 
+// The same for a writer with no cache of its own (WriteCache::kWriter),
+// whose whole blocks are planned before they are written (WriteStream):
+// the plan's zero check decides, for mapped and unmapped blocks alike, and
+// with zero detection off, zeros are data.
+TEST(PoolTest, ZeroDetectionUnmapsForAWriterWithoutACache) {
+  for (bool detect : {true, false}) {
+    SCOPED_TRACE(detect ? "zero detection on" : "zero detection off");
+    PoolOptions o = EngineFixture::DefaultOptions();
+    o.zero_detection = detect;
+    EngineFixture f(kBs, 32, o);
+    ASSERT_TRUE(f.pool->CreateDevice("v", 9 * kBs).ok());
+    auto v = Open(*f.pool, "v");
+    ASSERT_OK(v->Write(0, Pattern(4 * kBs, 1)));
+    // Block 0 starts the stream; the rest continues it, over two mapped
+    // blocks and four holes: data, zeros, data, zeros..., and data in the
+    // first half of block 8 (a part of a block, which the plan leaves to
+    // WriteBlock unchecked).
+    std::vector<std::byte> want(9 * kBs);
+    for (uint64_t b : {0u, 1u, 3u, 5u, 7u, 8u}) {
+      const std::vector<std::byte> data = Pattern(b == 8 ? kBs / 2 : kBs, 10 + uint32_t(b));
+      std::copy(data.begin(), data.end(), want.begin() + static_cast<ptrdiff_t>(b * kBs));
+    }
+    const std::span<const std::byte> bytes = std::span(want).first(8 * kBs + kBs / 2);
+    ASSERT_OK(v->Write(0, bytes.first(kBs), WriteCache::kWriter));
+    ASSERT_OK(v->Write(kBs, bytes.subspan(kBs), WriteCache::kWriter));
+    {
+      // Only a stream's write hints its runs to the disk (StartWriteback).
+      std::lock_guard<std::mutex> l(f.data_forwarder->prefetch_mu);
+      EXPECT_FALSE(f.data_forwarder->written_back.empty());
+    }
+    EXPECT_EQ(f.pool->GetDevice("v")->mapped_blocks, detect ? 6u : 9u);
+    std::vector<std::byte> got(9 * kBs, std::byte{0xff});
+    ASSERT_TRUE(v->Read(0, got).ok());
+    EXPECT_TRUE(got == want);
+    ASSERT_OK(f.pool->Commit());
+    EXPECT_EQ(f.pool->Stats().used_blocks, detect ? 6u : 9u);
+  }
+}
+
 TEST(PoolTest, FullBlockWriteNeverReadsOldBlock) {
   EngineFixture f(kBs, 16);
   ASSERT_TRUE(f.pool->CreateDevice("o", 4 * kBs).ok());
