@@ -99,3 +99,24 @@ start_passthrough() {
   echo "$probe: passthrough did not mount" >&2
   exit 1
 }
+
+# Formats a pool of BYTES for each CONFIG of parse_configs (the caller's
+# bins and opts) in WORK/I/pool and mounts it on WORK/I/mnt with the
+# CONFIG's options; appends I to the caller's array mounted (for
+# umount_configs) and the daemon's PID to its array pids.
+mount_configs() {
+  local work=$1 bytes=$2 i
+  for i in "${!bins[@]}"; do
+    mkdir -p "$work/$i/mnt"
+    "${bins[$i]}" format "$work/$i/pool" --size "$bytes" >/dev/null
+    "${bins[$i]}" mount "$work/$i/pool" "$work/$i/mnt" ${opts[$i]:+-o "${opts[$i]}"}
+    mounted+=("$i")
+    pids+=("$(cat "$work/$i/pool/lock")")
+  done
+}
+
+# Unmounts, in a cleanup, what mount_configs mounted in WORK.
+umount_configs() {
+  local work=$1 i
+  for i in "${mounted[@]}"; do "${bins[$i]}" umount "$work/$i/mnt" || true; done
+}

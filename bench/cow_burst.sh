@@ -43,9 +43,9 @@ require_root_and_fio cow_burst
 parse_configs "$@"
 bytes=$(numfmt --from=iec "$size")
 make_work_dir cow_burst "$work"
-mounted=()
+mounted=() pids=()
 cleanup() {
-  for i in "${mounted[@]}"; do "${bins[$i]}" umount "$work/$i/mnt" || true; done
+  umount_configs "$work"
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -53,12 +53,9 @@ trap cleanup EXIT
 label() { echo "$(basename "$(dirname "${bins[$1]}")")/$(basename "${bins[$1]}")${opts[$1]:+ -o ${opts[$1]}}"; }
 cold() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 
+mount_configs "$work" "$((4 * bytes))"
 for i in "${!bins[@]}"; do
   d=$work/$i
-  mkdir -p "$d/mnt"
-  "${bins[$i]}" format "$d/pool" --size "$((4 * bytes))" >/dev/null
-  "${bins[$i]}" mount "$d/pool" "$d/mnt" ${opts[$i]:+-o "${opts[$i]}"}
-  mounted+=("$i")
   truncate -s "$bytes" "$d/mnt/vol"
   fio --name=fill --filename="$d/mnt/vol" --rw=write --bs=1M --size="$bytes" --end_fsync=1 \
     --output=/dev/null

@@ -43,11 +43,11 @@ bytes=$(numfmt --from=iec "$size")
 make_work_dir loop_layout "$work"
 stat_file=$(disk_stat_file "$work" loop_layout)
 
-mounted=() loops=() ext4s=()
+mounted=() pids=() loops=() ext4s=()
 cleanup() {
   for m in "${ext4s[@]}"; do umount "$m" || true; done
   for l in "${loops[@]}"; do losetup -d "$l" || true; done
-  for i in "${mounted[@]}"; do "${bins[$i]}" umount "$work/$i/mnt" || true; done
+  umount_configs "$work"
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -56,12 +56,10 @@ label() { echo "${bins[$1]}${opts[$1]:+ -o ${opts[$1]}}"; }
 busy_ticks() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
 
 head -c "$bytes" /dev/urandom >"$work/src"
+mount_configs "$work" "$((2 * bytes + 512 * 1048576))"
 for i in "${!bins[@]}"; do
   d=$work/$i
-  mkdir -p "$d/mnt" "$d/ext4"
-  "${bins[$i]}" format "$d/pool" --size "$((2 * bytes + 512 * 1048576))" >/dev/null
-  "${bins[$i]}" mount "$d/pool" "$d/mnt" ${opts[$i]:+-o "${opts[$i]}"}
-  mounted+=("$i")
+  mkdir -p "$d/ext4"
   truncate -s "$((bytes + 256 * 1048576))" "$d/mnt/vol"
   l=$(losetup --find --show --direct-io=on "$d/mnt/vol")
   loops+=("$l")
