@@ -63,6 +63,20 @@ make_work_dir() {
   mkdir -p "$dir"
 }
 
+# A probe's CONFIG... arguments, after its options: without any, prints
+# the usage (header_usage LAST) and exits 2; then require_root_and_fio
+# PROBE and parse_configs.
+parse_probe_configs() {
+  local probe=$1 last=$2
+  shift 2
+  if [[ $# -lt 1 ]]; then
+    header_usage "$last"
+    exit 2
+  fi
+  require_root_and_fio "$probe"
+  parse_configs "$@"
+}
+
 # Splits CONFIG arguments of the form BINARY[:MOUNT_OPTIONS] into the
 # caller's arrays bins (real paths) and opts ("" without options).
 parse_configs() {
@@ -119,4 +133,9 @@ mount_configs() {
 umount_configs() {
   local work=$1 i
   for i in "${mounted[@]}"; do "${bins[$i]}" umount "$work/$i/mnt" || true; done
+}
+
+# Prints the CPU time (utime + stime, in clock ticks) process PID has used.
+daemon_cpu_ticks() {
+  awk '{print $14 + $15}' "/proc/$1/stat"
 }

@@ -35,12 +35,7 @@ while [[ $# -gt 0 && $1 == --* ]]; do
     *) echo "cow_burst: unknown option $1" >&2; exit 2 ;;
   esac
 done
-if [[ $# -lt 1 ]]; then
-  header_usage 21
-  exit 2
-fi
-require_root_and_fio cow_burst
-parse_configs "$@"
+parse_probe_configs cow_burst 21 "$@"
 bytes=$(numfmt --from=iec "$size")
 make_work_dir cow_burst "$work"
 mounted=() pids=()

@@ -33,12 +33,7 @@ while [[ $# -gt 0 && $1 == --* ]]; do
     *) echo "loop_layout: unknown option $1" >&2; exit 2 ;;
   esac
 done
-if [[ $# -lt 1 ]]; then
-  header_usage 20
-  exit 2
-fi
-require_root_and_fio loop_layout
-parse_configs "$@"
+parse_probe_configs loop_layout 20 "$@"
 bytes=$(numfmt --from=iec "$size")
 make_work_dir loop_layout "$work"
 stat_file=$(disk_stat_file "$work" loop_layout)

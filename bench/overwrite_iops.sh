@@ -58,11 +58,7 @@ case "$target" in
     ;;
   *)
     "$bin" format "$dir/pool" --size 4G >/dev/null
-    if [ -n "$mount_opts" ]; then
-      "$bin" mount "$dir/pool" "$dir/mnt" -o "$mount_opts"
-    else
-      "$bin" mount "$dir/pool" "$dir/mnt"
-    fi
+    "$bin" mount "$dir/pool" "$dir/mnt" ${mount_opts:+-o "$mount_opts"}
     pid=$(cat "$dir/pool/lock")
     truncate -s "$size" "$dir/mnt/vol"
     file=$dir/mnt/vol
@@ -71,13 +67,12 @@ case "$target" in
 esac
 fio --name=fill --filename="$file" --rw=write --bs=1M --size="$size" --end_fsync=1 \
   --ioengine=psync --output=/dev/null
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
 for _ in 1 2 3; do
   if [ "${COLD:-0}" = 1 ]; then evict_files "$file" "$backing"; fi
-  before=$(cpu_ticks)
+  before=$(daemon_cpu_ticks "$pid")
   fio --name=rw --filename="$file" --rw=randwrite --bs=4k --size="$size" --time_based \
     --runtime="$runtime" --ioengine=psync --output-format=json --output="$dir/out.json"
-  after=$(cpu_ticks)
+  after=$(daemon_cpu_ticks "$pid")
   python3 -c '
 import json, os, sys
 j = json.load(open(sys.argv[1]))["jobs"][0]["write"]

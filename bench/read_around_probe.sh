@@ -42,12 +42,7 @@ while [[ $# -gt 0 && $1 == --* ]]; do
     *) echo "read_around_probe: unknown option $1" >&2; exit 2 ;;
   esac
 done
-if [[ $# -lt 1 ]]; then
-  header_usage 26
-  exit 2
-fi
-require_root_and_fio read_around_probe
-parse_configs "$@"
+parse_probe_configs read_around_probe 26 "$@"
 n=${#bins[@]}
 
 # The memory cgroup hierarchy: cgroup v2 where it holds the memory

@@ -32,12 +32,7 @@ while [[ $# -gt 0 && $1 == --* ]]; do
     *) echo "zero_write: unknown option $1" >&2; exit 2 ;;
   esac
 done
-if [[ $# -lt 1 ]]; then
-  header_usage 20
-  exit 2
-fi
-require_root_and_fio zero_write
-parse_configs "$@"
+parse_probe_configs zero_write 20 "$@"
 bytes=$(numfmt --from=iec "$size")
 make_work_dir zero_write "$work"
 mounted=() pids=()
@@ -51,17 +46,15 @@ label() { echo "${bins[$1]}${opts[$1]:+:${opts[$1]}}"; }
 
 mount_configs "$work" "$((4 * bytes))"
 
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-
 # job I NAME [FIO_OPTION...]: one timed write of zeros into volume z of
-# CONFIG I; prints its line.
+# CONFIG I, which the caller made; prints its line and deletes z.
 job() {
   local i=$1 name=$2 d=$work/$1 before after
   shift 2
-  before=$(cpu_ticks "${pids[$i]}")
+  before=$(daemon_cpu_ticks "${pids[$i]}")
   fio --name=zeros --filename="$d/mnt/z" --rw=write --bs=1M --size="$size" --zero_buffers \
     --end_fsync=1 --ioengine=psync "$@" --output-format=json --output="$work/out.json"
-  after=$(cpu_ticks "${pids[$i]}")
+  after=$(daemon_cpu_ticks "${pids[$i]}")
   python3 -c '
 import json, os, sys
 j = json.load(open(sys.argv[1]))["jobs"][0]["write"]
@@ -70,6 +63,7 @@ gib = j["io_bytes"] / 2**30
 print(sys.argv[4], sys.argv[5], "mibs", round(j["bw_bytes"] / 2**20),
       "daemon_cpu_ms_per_gib", round(cpu_ms / gib))' \
     "$work/out.json" "$before" "$after" "$(label "$i")" "$name"
+  "${bins[$i]}" delete "$d/pool" z >/dev/null
 }
 
 for ((r = 1; r <= rounds; r++)); do
@@ -77,14 +71,11 @@ for ((r = 1; r <= rounds; r++)); do
     d=$work/$i
     truncate -s "$size" "$d/mnt/z"
     job "$i" fresh
-    "${bins[$i]}" delete "$d/pool" z >/dev/null
     truncate -s "$size" "$d/mnt/z"
     job "$i" direct --direct=1
-    "${bins[$i]}" delete "$d/pool" z >/dev/null
     truncate -s "$size" "$d/mnt/z"
     fio --name=data --filename="$d/mnt/z" --rw=write --bs=1M --size="$size" --end_fsync=1 \
       --ioengine=psync --output=/dev/null
     job "$i" over
-    "${bins[$i]}" delete "$d/pool" z >/dev/null
   done
 done
