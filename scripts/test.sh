@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, then builds and runs every test:
 #   1. gcc Debug with -Werror in build-test/: the whole ctest suite (unit,
-#      end-to-end with real mounts and loop devices, benchmark smoke runs);
+#      end-to-end with real mounts and loop devices, benchmark smoke runs;
+#      the benchmarks' runs one at a time, beside steps 2 and 3's build);
 #   2. the FUSE end-to-end tests of build-test/ again, on Debian 12's own
 #      kernel (6.1) in a qemu guest (scripts/kernel-vm.sh);
 #   3. clang with ASan+UBSan in build-asan/: the unit, end-to-end and
@@ -27,7 +28,21 @@ cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Debug -DTHINFS_WERROR=ON -DTHINFS_PC
   -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DCMAKE_C_FLAGS_DEBUG=-g1 \
   -DCMAKE_INSTALL_PREFIX=/usr -DCMAKE_C_COMPILER=gcc -DCMAKE_CXX_COMPILER=g++
 cmake --build build-test -j2
-ctest --test-dir build-test --output-on-failure -j2
+ctest --test-dir build-test --output-on-failure -j2 -LE '^bench$'
+
+# The benchmarks' quick runs (label bench) drop the page cache and time
+# what they run, so they run one at a time, beside no other test: here,
+# in the background, beside the guest and the ASan+UBSan build, which look
+# at neither this machine's page cache nor their own speed. That hides
+# about 3 minutes of them (docs/benchmarks.md, "How long the CI takes").
+# Their output is printed, and their failure fails the run, before the
+# ASan+UBSan tests start. On an earlier failure the exit waits for them,
+# so that their mounts and loop devices are gone when this script is.
+echo "== the benchmarks' quick runs (build-test/, label bench), in the background"
+bench_log=build-test/bench-tests.log
+ctest --test-dir build-test --output-on-failure -L '^bench$' >"$bench_log" 2>&1 &
+bench_pid=$!
+trap 'if [[ -n ${bench_pid:-} ]]; then wait "$bench_pid" || true; fi' EXIT
 
 echo "== the FUSE end-to-end tests on Debian 12's kernel, in a qemu guest (build-test/kernel-vm/)"
 # This machine's kernel may be newer than a Debian 12 user's (6.1), and the
@@ -50,6 +65,17 @@ echo "== clang ASan+UBSan build and tests (build-asan/)"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTHINFS_WERROR=ON -DTHINFS_SANITIZE=ON \
   -DTHINFS_PCH=ON -DTHINFS_BENCH=OFF -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
 cmake --build build-asan -j2
+
+echo "== the benchmarks' quick runs, started after the gcc tests: their output"
+bench_status=0
+wait "$bench_pid" || bench_status=$?
+bench_pid=
+cat "$bench_log"
+if ((bench_status != 0)); then
+  echo "== the benchmarks' quick runs failed (exit $bench_status)" >&2
+  exit 1
+fi
+
 # Fewer random seeds under the sanitizers (each run is ~5x slower); the
 # gcc run above covers the default counts.
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
