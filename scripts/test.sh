@@ -34,8 +34,8 @@ ctest --test-dir build-test --output-on-failure -j2 -LE '^bench$'
 # what they run, so they run one at a time, beside no other test: here,
 # in the background, beside the guest and the ASan+UBSan build, which look
 # at neither this machine's page cache nor their own speed. The gcc tests
-# take 3.6 minutes instead of 6.5, and the guest and the build about 1.5
-# longer: a minute less in all (docs/benchmarks.md, "How long the CI
+# take 3.6-3.8 minutes instead of 6.5, and the guest and the build 1.5-1.7
+# longer: about a minute less (docs/benchmarks.md, "How long the CI
 # takes").
 # Their output is printed, and their failure fails the run, before the
 # ASan+UBSan tests start. On an earlier failure the exit waits for them,
