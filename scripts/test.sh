@@ -30,16 +30,13 @@ cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Debug -DTHINFS_WERROR=ON -DTHINFS_PC
 cmake --build build-test -j2
 ctest --test-dir build-test --output-on-failure -j2 -LE '^bench$'
 
-# The benchmarks' quick runs (label bench) drop the page cache and time
-# what they run, so they run one at a time, beside no other test: here,
-# in the background, beside the guest and the ASan+UBSan build, which look
-# at neither this machine's page cache nor their own speed. The gcc tests
-# take 3.6-3.8 minutes instead of 6.5, and the guest and the build 1.5-1.7
-# longer: about a minute less (docs/benchmarks.md, "How long the CI
-# takes").
-# Their output is printed, and their failure fails the run, before the
-# ASan+UBSan tests start. On an earlier failure the exit waits for them,
-# so that their mounts and loop devices are gone when this script is.
+# The benchmarks' quick runs (label bench) drop the page cache, so they
+# run one at a time and beside no other test: here in the background,
+# beside the guest and the ASan+UBSan build, which do not look at this
+# machine's page cache (what it saves: docs/benchmarks.md, "How long the
+# CI takes"). Their output, and their failure, come before the ASan+UBSan
+# tests start; an earlier failure waits for them at exit, so that their
+# mounts and loop devices are gone when this script is.
 echo "== the benchmarks' quick runs (build-test/, label bench), in the background"
 bench_log=build-test/bench-tests.log
 ctest --test-dir build-test --output-on-failure -L '^bench$' >"$bench_log" 2>&1 &
