@@ -22,7 +22,10 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
+#include <new>
+#include <type_traits>
 
 #include "core/mutex.h"
 
@@ -40,7 +43,7 @@ class MapCache {
   // Lookup misses, Fill and Invalidate do nothing).
   explicit MapCache(size_t entries)
       : mask_(entries == 0 ? 0 : std::bit_floor(entries) - 1),
-        slots_(entries == 0 ? nullptr : std::make_unique<Slot[]>(mask_ + 1)) {}
+        slots_(entries == 0 ? nullptr : AllocateSlots(mask_ + 1)) {}
 
   // Memory per entry, for sizing the cache in bytes.
   static constexpr size_t EntryBytes() { return sizeof(Slot); }
@@ -94,6 +97,9 @@ class MapCache {
  private:
   static constexpr size_t kLocks = 1024;
 
+  // A slot of zero bytes is empty: `valid` is false, and nothing else of
+  // an invalid slot is read but `gen`, `dev` and `b`, for which zero is
+  // as good as any value.
   struct Slot {
     bool valid = false;
     uint64_t dev = 0;
@@ -102,6 +108,22 @@ class MapCache {
     uint64_t gen = 0;
     Value value{};
   };
+  static_assert(std::is_aggregate_v<Slot> && std::is_trivially_destructible_v<Slot> &&
+                    std::is_trivially_copyable_v<Slot>,
+                "calloc creates Slot objects implicitly only for implicit-lifetime types");
+
+  struct FreeSlots {
+    void operator()(Slot* p) const { std::free(p); }
+  };
+  // The slots come from calloc, not new Slot[n]: zero bytes are empty
+  // slots, and the pages of a large array stay unallocated until a slot in
+  // them is used, so the default 16 MiB costs neither memory nor time at
+  // Pool::Open (docs/design.md, "Block-map cache").
+  static std::unique_ptr<Slot[], FreeSlots> AllocateSlots(size_t n) {
+    void* p = std::calloc(n, sizeof(Slot));
+    if (p == nullptr) throw std::bad_alloc();
+    return std::unique_ptr<Slot[], FreeSlots>(static_cast<Slot*>(p));
+  }
 
   size_t SlotOf(uint64_t dev, uint64_t b) const {
     // splitmix64 finaliser over both halves of the key.
@@ -114,7 +136,7 @@ class MapCache {
   Mutex& LockOf(size_t slot) { return locks_[slot % kLocks]; }
 
   const size_t mask_;
-  std::unique_ptr<Slot[]> slots_;
+  std::unique_ptr<Slot[], FreeSlots> slots_;
   Mutex locks_[kLocks];
   std::atomic<uint64_t> hits_{0};
   std::atomic<uint64_t> misses_{0};
