@@ -14,3 +14,12 @@ function(thinfs_precompile_headers target)
     target_precompile_headers(${target} PRIVATE ${THINFS_PCH_STD} ${ARGN})
   endif()
 endfunction()
+
+# The same PCH as `from`'s, for a target compiled with the same flags and
+# definitions (the test executables: one PCH for the engine's tests, one
+# for those that also use fs/, instead of one each).
+function(thinfs_reuse_precompiled_headers target from)
+  if(THINFS_PCH)
+    target_precompile_headers(${target} REUSE_FROM ${from})
+  endif()
+endfunction()

@@ -22,9 +22,11 @@ bash scripts/deps.sh
 echo "== gcc debug build and full test suite (build-test/)"
 # Build time (docs/benchmarks.md, "How long the CI takes"): THINFS_PCH,
 # precompiled headers (cmake/pch.cmake; scripts/tsan.sh builds without them,
-# so a missing standard #include still fails the CI); -g1, line tables
-# without variables, enough for file:line in any backtrace.
-cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Debug -DTHINFS_WERROR=ON -DTHINFS_PCH=ON \
+# so a missing standard #include still fails the CI); THINFS_UNITY, each
+# test executable compiled in batches of files (tests/CMakeLists.txt;
+# scripts/tsan.sh compiles one file at a time); -g1, line tables without
+# variables, enough for file:line in any backtrace.
+cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Debug -DTHINFS_WERROR=ON -DTHINFS_PCH=ON -DTHINFS_UNITY=ON \
   -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DCMAKE_C_FLAGS_DEBUG=-g1 \
   -DCMAKE_INSTALL_PREFIX=/usr -DCMAKE_C_COMPILER=gcc -DCMAKE_CXX_COMPILER=g++
 cmake --build build-test -j2
@@ -62,7 +64,7 @@ bash scripts/kernel-vm.sh --dir build-test/kernel-vm --timeout 1200 \
 
 echo "== clang ASan+UBSan build and tests (build-asan/)"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTHINFS_WERROR=ON -DTHINFS_SANITIZE=ON \
-  -DTHINFS_PCH=ON -DTHINFS_BENCH=OFF -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
+  -DTHINFS_PCH=ON -DTHINFS_UNITY=ON -DTHINFS_BENCH=OFF -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
 cmake --build build-asan -j2
 
 echo "== the benchmarks' quick runs, started after the gcc tests: their output"

@@ -22,6 +22,7 @@
 
 namespace thinfs {
 namespace {
+namespace THINFS_TEST_FILE {  // unique per file in a unity build (tests/CMakeLists.txt)
 
 constexpr uint64_t kBs = 64 * 1024;
 
@@ -414,5 +415,6 @@ TEST_F(DeferredCopiesFolioTest, AHeldCopyIsCachedLikeABlockWrittenWhole) {
   RecordProperty("folios_written_through", static_cast<int>(pieces));
 }
 
+}  // namespace THINFS_TEST_FILE
 }  // namespace
 }  // namespace thinfs

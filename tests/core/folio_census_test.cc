@@ -18,6 +18,7 @@
 
 namespace thinfs {
 namespace {
+namespace THINFS_TEST_FILE {  // unique per file in a unity build (tests/CMakeLists.txt)
 
 constexpr uint64_t kPage = 4096;
 constexpr uint64_t kBlock = 16 * kPage;
@@ -112,5 +113,6 @@ TEST_F(FolioCensusTest, RefusesUnalignedRanges) {
   EXPECT_EQ(empty->folios, 0u);
 }
 
+}  // namespace THINFS_TEST_FILE
 }  // namespace
 }  // namespace thinfs

@@ -16,6 +16,7 @@
 
 namespace thinfs {
 namespace {
+namespace THINFS_TEST_FILE {  // unique per file in a unity build (tests/CMakeLists.txt)
 
 using testing::EngineFixture;
 using testing::Pattern;
@@ -152,5 +153,6 @@ TEST(MappingWalkTest, RandomOperationsMatchEngineReads) {
   }
 }
 
+}  // namespace THINFS_TEST_FILE
 }  // namespace
 }  // namespace thinfs

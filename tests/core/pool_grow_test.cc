@@ -15,6 +15,7 @@
 
 namespace thinfs {
 namespace {
+namespace THINFS_TEST_FILE {  // unique per file in a unity build (tests/CMakeLists.txt)
 
 using testing::EngineFixture;
 using testing::Pattern;
@@ -233,5 +234,6 @@ TEST(PoolGrowTest, LargerSpaceMapFromAnInterruptedGrowIsCompletedAtOpen) {
   f.CheckConsistency(true);
 }
 
+}  // namespace THINFS_TEST_FILE
 }  // namespace
 }  // namespace thinfs

@@ -19,6 +19,7 @@
 
 namespace thinfs {
 namespace {
+namespace THINFS_TEST_FILE {  // unique per file in a unity build (tests/CMakeLists.txt)
 
 using testing::EngineFixture;
 using testing::Pattern;
@@ -1646,5 +1647,6 @@ TEST(PoolTest, CleanReopenKeepsEverything) {
   f.CheckConsistency(false);
 }
 
+}  // namespace THINFS_TEST_FILE
 }  // namespace
 }  // namespace thinfs

@@ -20,6 +20,7 @@
 
 namespace thinfs {
 namespace {
+namespace THINFS_TEST_FILE {  // unique per file in a unity build (tests/CMakeLists.txt)
 
 using testing::EngineFixture;
 using testing::Pattern;
@@ -250,5 +251,6 @@ TEST(ResolvedWalkTest, MissingDeviceIsNotFound) {
   EXPECT_TRUE(w.status().IsNotFound());
 }
 
+}  // namespace THINFS_TEST_FILE
 }  // namespace
 }  // namespace thinfs

@@ -13,6 +13,7 @@
 
 namespace thinfs {
 namespace {
+namespace THINFS_TEST_FILE {  // unique per file in a unity build (tests/CMakeLists.txt)
 
 using testing::Pattern;
 
@@ -240,5 +241,6 @@ TEST(SendStreamTest, GuidHex) {
   EXPECT_FALSE(StreamGuid::FromHex("xyz", &back));
 }
 
+}  // namespace THINFS_TEST_FILE
 }  // namespace
 }  // namespace thinfs

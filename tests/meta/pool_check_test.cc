@@ -20,6 +20,7 @@
 
 namespace thinfs {
 namespace {
+namespace THINFS_TEST_FILE {  // unique per file in a unity build (tests/CMakeLists.txt)
 
 using meta::CheckFinding;
 using meta::CheckOptions;
@@ -822,5 +823,6 @@ TEST(PoolCheckEngineTest, APartialCloneCountsWhatItReads) {
   EXPECT_EQ(f.pool->GetDevice("odd")->mapped_blocks, 8u);
 }
 
+}  // namespace THINFS_TEST_FILE
 }  // namespace
 }  // namespace thinfs
