@@ -2,8 +2,7 @@
 # Installs what is missing, then builds and runs every test:
 #   1. gcc Debug with -Werror in build-test/: the whole ctest suite (unit,
 #      end-to-end with real mounts and loop devices, benchmark smoke runs;
-#      the benchmarks' runs one at a time, beside step 2); steps 3 and 4's
-#      builds compile at nice 19 in the background meanwhile;
+#      the benchmarks' runs one at a time, beside steps 2 and 3's build);
 #   2. the FUSE end-to-end tests of build-test/ again, on Debian 12's own
 #      kernel (6.1) in a qemu guest (scripts/kernel-vm.sh);
 #   3. clang with ASan+UBSan in build-asan/: the unit, end-to-end and
@@ -31,29 +30,11 @@ cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Debug -DTHINFS_WERROR=ON -DTHINFS_PC
   -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DCMAKE_C_FLAGS_DEBUG=-g1 \
   -DCMAKE_INSTALL_PREFIX=/usr -DCMAKE_C_COMPILER=gcc -DCMAKE_CXX_COMPILER=g++
 cmake --build build-test -j2
-
-# The sanitizer builds compile at nice 19 in the background from here on,
-# on the CPU that the gcc tests (which mostly wait on I/O) and the guest
-# leave idle; their output, and their failure, come before their tests.
-# (What it saves: docs/benchmarks.md, "How long the CI takes".)
-echo "== clang ASan+UBSan and TSan builds (build-asan/, build-tsan/), in the background at nice 19"
-builds_log=build-test/sanitizer-builds.log
-(
-  nice -n 19 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTHINFS_WERROR=ON \
-    -DTHINFS_SANITIZE=ON -DTHINFS_PCH=ON -DTHINFS_UNITY=ON -DTHINFS_BENCH=OFF \
-    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
-  nice -n 19 cmake --build build-asan -j2
-  nice -n 19 bash scripts/tsan.sh --build-only
-) >"$builds_log" 2>&1 &
-builds_pid=$!
-bench_pid=
-trap 'for p in ${builds_pid:-} ${bench_pid:-}; do wait "$p" || true; done' EXIT
-
 ctest --test-dir build-test --output-on-failure -j2 -LE '^bench$'
 
 # The benchmarks' quick runs (label bench) drop the page cache, so they
 # run one at a time and beside no other test: here in the background,
-# beside the guest and the sanitizer builds, which do not look at this
+# beside the guest and the ASan+UBSan build, which do not look at this
 # machine's page cache (what it saves: docs/benchmarks.md, "How long the
 # CI takes"). Their output, and their failure, come before the ASan+UBSan
 # tests start; an earlier failure waits for them at exit, so that their
@@ -62,6 +43,7 @@ echo "== the benchmarks' quick runs (build-test/, label bench), in the backgroun
 bench_log=build-test/bench-tests.log
 ctest --test-dir build-test --output-on-failure -L '^bench$' >"$bench_log" 2>&1 &
 bench_pid=$!
+trap 'if [[ -n ${bench_pid:-} ]]; then wait "$bench_pid" || true; fi' EXIT
 
 echo "== the FUSE end-to-end tests on Debian 12's kernel, in a qemu guest (build-test/kernel-vm/)"
 # This machine's kernel may be newer than a Debian 12 user's (6.1), and the
@@ -80,15 +62,10 @@ on_61+=':FuseTest.ReadAroundOptionReadsTheWindowOfARandomRead'
 bash scripts/kernel-vm.sh --dir build-test/kernel-vm --timeout 1200 \
   "CI=1 $PWD/build-test/tests/e2e_tests --gtest_brief=1 --gtest_filter='$on_61'"
 
-echo "== the sanitizer builds, started after the gcc build: their output"
-builds_status=0
-wait "$builds_pid" || builds_status=$?
-builds_pid=
-cat "$builds_log"
-if ((builds_status != 0)); then
-  echo "== the sanitizer builds failed (exit $builds_status)" >&2
-  exit 1
-fi
+echo "== clang ASan+UBSan build and tests (build-asan/)"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTHINFS_WERROR=ON -DTHINFS_SANITIZE=ON \
+  -DTHINFS_PCH=ON -DTHINFS_UNITY=ON -DTHINFS_BENCH=OFF -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
+cmake --build build-asan -j2
 
 echo "== the benchmarks' quick runs, started after the gcc tests: their output"
 bench_status=0
@@ -100,15 +77,14 @@ if ((bench_status != 0)); then
   exit 1
 fi
 
-echo "== clang ASan+UBSan tests (build-asan/)"
 # Fewer random seeds under the sanitizers (each run is ~5x slower); the
 # gcc run above covers the default counts.
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   THINFS_MODEL_SEEDS=12 THINFS_POWERLOSS_SEEDS=3 THINFS_KILL_ITERATIONS=8 \
   ctest --test-dir build-asan --output-on-failure -j2 -L '^(core|meta|tools|e2e|regress)$'
 
-echo "== clang TSan: the concurrency tests (build-tsan/)"
-bash scripts/tsan.sh --no-build
+echo "== clang TSan build and the concurrency tests (build-tsan/)"
+bash scripts/tsan.sh
 
 echo "== Debian package: build, install, use, purge"
 THINFS_PKG_BUILD_DIR=build-test bash scripts/package-test.sh

@@ -3,24 +3,13 @@
 # build-tsan/ and runs the engine's concurrency tests (Pool, bitmap space
 # map, in-memory store) with halt_on_error: any data race fails the run
 # with TSan's report on stderr.
-#   scripts/tsan.sh [--build-only | --no-build] [extra gtest filter]
-# --build-only builds and stops; --no-build runs what build-tsan/ holds
-# (scripts/test.sh builds it in the background, then runs it).
+#   scripts/tsan.sh [extra gtest filter]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step=all
-if [[ ${1:-} == --build-only || ${1:-} == --no-build ]]; then
-  step=$1
-  shift
-fi
-
-if [[ $step != --no-build ]]; then
-  cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DTHINFS_WERROR=ON -DTHINFS_TSAN=ON \
-    -DTHINFS_BENCH=OFF -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
-  cmake --build build-tsan -j2 --target core_tests meta_tests
-fi
-[[ $step == --build-only ]] && exit 0
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DTHINFS_WERROR=ON -DTHINFS_TSAN=ON \
+  -DTHINFS_BENCH=OFF -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+cmake --build build-tsan -j2 --target core_tests meta_tests
 
 filter="${1:-*Concurren*:*Parallel*:*Threads*:*Race*}"
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}"
