@@ -108,17 +108,16 @@ class MapCache {
     uint64_t gen = 0;
     Value value{};
   };
-  static_assert(std::is_aggregate_v<Slot> && std::is_trivially_destructible_v<Slot> &&
-                    std::is_trivially_copyable_v<Slot>,
+  static_assert(std::is_aggregate_v<Slot> && std::is_trivially_destructible_v<Slot>,
                 "calloc creates Slot objects implicitly only for implicit-lifetime types");
 
   struct FreeSlots {
     void operator()(Slot* p) const { std::free(p); }
   };
-  // The slots come from calloc, not new Slot[n]: zero bytes are empty
-  // slots, and the pages of a large array stay unallocated until a slot in
-  // them is used, so the default 16 MiB costs neither memory nor time at
-  // Pool::Open (docs/design.md, "Block-map cache").
+  // From calloc, not new Slot[n], which writes every slot: the pages stay
+  // unallocated until a slot in them is used, so the table (10 MiB at the
+  // default map_cache=16M) costs neither memory nor time at Pool::Open
+  // (docs/design.md, "Block-map cache").
   static std::unique_ptr<Slot[], FreeSlots> AllocateSlots(size_t n) {
     void* p = std::calloc(n, sizeof(Slot));
     if (p == nullptr) throw std::bad_alloc();
