@@ -508,58 +508,100 @@ std::set<pid_t> ThreadsOf(pid_t pid) {
   return tids;
 }
 
-// The daemon keeps every FUSE worker it starts (lever 47): the workers
-// bursts of 64 requests at once made libfuse start, more than 16, are all
-// still there after them, ready for the next burst. (With libfuse keeping
-// only 16 idle, the others ended as the burst ended.) Over /dev/fuse: the
-// ring threads of FUSE over io_uring are fixed anyway.
+// The daemon keeps every FUSE worker it starts (lever 47): the workers a
+// burst of requests made libfuse start, more than 16, are all still there
+// after it, ready for the next burst. (With libfuse keeping only 16 idle,
+// the others ended as the burst ended.) Over /dev/fuse: the ring threads of
+// FUSE over io_uring are fixed anyway.
+//
+// libfuse starts a worker when one takes a request and finds no other idle,
+// so a burst starts many only if its requests keep workers busy. Here each
+// burst is 64 MiB written and not yet synced, then a backlog of 96 fsyncs of
+// 96 volumes: the daemon is stopped (SIGSTOP) while the fsyncs start, so that
+// they wait in the kernel's queue, and is then continued. The first commit
+// syncs the 64 MiB; every fsync taken meanwhile waits for it, holding its
+// worker. (The bursts of reads from fio this test had before started only as
+// many workers as fio kept busy: in stop 44's CI run under ASan, 11.)
 TEST_F(FuseTest, WorkersStartedForABurstStayForTheNext) {
+  constexpr int kSyncers = 96;
+  constexpr size_t kDirty = 64 << 20;
   FormatPool("256M");
   ASSERT_EQ(MountForeground("io_uring=off"), "");
-  Truncate("v", "64M");
-  WriteAt(Vol("v"), 0, Pattern(3, 0, 64 << 20), /*do_fsync=*/true);
+  std::vector<int> fds;
+  for (int i = 0; i < kSyncers; ++i) {
+    const std::string name = Vol("f" + std::to_string(i));
+    fds.push_back(open(name.c_str(), O_RDWR | O_CREAT, 0644));
+    ASSERT_GE(fds.back(), 0) << name << ": " << strerror(errno);
+  }
+  const int big = open(Vol("v").c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(big, 0) << strerror(errno);
+  std::vector<char> chunk(1 << 20);
   const std::vector<pid_t> daemons = FindMountDaemons(pool_);
   ASSERT_EQ(daemons.size(), 1u);
-  // Reads from the disk, so that the burst keeps many workers busy.
-  const int data = open((pool_ + "/data").c_str(), O_RDONLY);
-  ASSERT_GE(data, 0) << strerror(errno);
-  EXPECT_EQ(fdatasync(data), 0);
-  EXPECT_EQ(posix_fadvise(data, 0, 0, POSIX_FADV_DONTNEED), 0);
-  close(data);
-  const size_t at_rest = ThreadsOf(daemons[0]).size();
+  const pid_t daemon = daemons[0];
+  const size_t at_rest = ThreadsOf(daemon).size();
+
   std::set<pid_t> seen;
   size_t most = 0;
-  // A burst of 64 requests in flight needs every one of the 32 workers
-  // unless the workers answer faster than requests arrive, as they may on a
-  // loaded machine; more bursts then start the rest (a kept worker is idle
-  // for the next one, a worker that ended is started again).
-  for (int burst_no = 0; burst_no < 4 && most <= at_rest + 16; ++burst_no) {
-    std::atomic<bool> done{false};
-    std::thread burst([&] {
-      CommandResult fio = RunCommand(
-          "fio --name=burst --filename=" + ShellQuote(Vol("v")) +
-          " --rw=randread --bs=4k --size=64M --ioengine=libaio --iodepth=32 --numjobs=2"
-          " --direct=1 --runtime=2 --time_based --output-format=terse 2>&1");
-      EXPECT_EQ(fio.exit_code, 0) << fio.output;
-      done = true;
-    });
-    while (!done) {
-      const std::set<pid_t> now = ThreadsOf(daemons[0]);
+  int bursts = 0;
+  for (; bursts < 4 && most <= at_rest + 16; ++bursts) {
+    std::fill(chunk.begin(), chunk.end(), static_cast<char>('a' + bursts));
+    for (size_t off = 0; off < kDirty; off += 1 << 20) {
+      ASSERT_EQ(pwrite(big, chunk.data(), chunk.size(), static_cast<off_t>(off)), 1 << 20)
+          << strerror(errno);
+    }
+    // To the daemon, and so to the host's cache, without a commit.
+    ASSERT_EQ(sync_file_range(
+                  big, 0, 0,
+                  SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER),
+              0)
+        << strerror(errno);
+    std::atomic<int> started{0};
+    std::atomic<int> done{0};
+    std::atomic<int> failed{0};
+    std::vector<std::thread> syncers;
+    {
+      // However this block ends, the daemon runs again.
+      struct Continue {
+        pid_t pid;
+        ~Continue() { kill(pid, SIGCONT); }
+      } cont{daemon};
+      ASSERT_EQ(kill(daemon, SIGSTOP), 0) << strerror(errno);
+      for (int fd : fds) {
+        syncers.emplace_back([&, fd] {
+          ++started;
+          if (fsync(fd) != 0) ++failed;
+          ++done;
+        });
+      }
+      while (started < kSyncers) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      // From a thread's count to its request in the queue is microseconds.
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+    // Poll the daemon's threads while the fsyncs last.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    do {
+      const std::set<pid_t> now = ThreadsOf(daemon);
       most = std::max(most, now.size());
       seen.insert(now.begin(), now.end());
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    burst.join();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    } while (done < kSyncers && std::chrono::steady_clock::now() < deadline);
+    for (std::thread& t : syncers) t.join();
+    EXPECT_EQ(failed.load(), 0);
   }
+  close(big);
+  for (int fd : fds) close(fd);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  const std::set<pid_t> after = ThreadsOf(daemons[0]);
-  ASSERT_GT(most, at_rest + 16) << "four bursts did not need more than 16 new workers: "
-                                 << at_rest << " threads at rest, " << most << " at most";
+  const std::set<pid_t> after = ThreadsOf(daemon);
+  most = std::max(most, after.size());
+  ASSERT_GT(most, at_rest + 16) << bursts << " bursts of " << kSyncers
+                                << " fsyncs did not need more than 16 new workers: " << at_rest
+                                << " threads at rest, " << most << " at most";
   std::vector<pid_t> ended;
   std::set_difference(seen.begin(), seen.end(), after.begin(), after.end(),
                       std::back_inserter(ended));
   EXPECT_TRUE(ended.empty()) << ended.size() << " of the " << seen.size()
-                             << " threads seen during the burst ended after it";
+                             << " threads seen during the bursts ended after them";
   ASSERT_EQ(Unmount(), "");
 }
 
