@@ -560,24 +560,19 @@ TEST_F(FuseTest, WorkersStartedForABurstStayForTheNext) {
     std::atomic<int> done{0};
     std::atomic<int> failed{0};
     std::vector<std::thread> syncers;
-    {
-      // However this block ends, the daemon runs again.
-      struct Continue {
-        pid_t pid;
-        ~Continue() { kill(pid, SIGCONT); }
-      } cont{daemon};
-      ASSERT_EQ(kill(daemon, SIGSTOP), 0) << strerror(errno);
-      for (int fd : fds) {
-        syncers.emplace_back([&, fd] {
-          ++started;
-          if (fsync(fd) != 0) ++failed;
-          ++done;
-        });
-      }
-      while (started < kSyncers) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      // From a thread's count to its request in the queue is microseconds.
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ASSERT_EQ(kill(daemon, SIGSTOP), 0) << strerror(errno);
+    for (int fd : fds) {
+      syncers.emplace_back([&, fd] {
+        ++started;
+        if (fsync(fd) != 0) ++failed;
+        ++done;
+      });
     }
+    while (started < kSyncers) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    // From a thread's count to its request in the queue is microseconds.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    // EXPECT, not ASSERT: the threads must be joined before the test returns.
+    EXPECT_EQ(kill(daemon, SIGCONT), 0) << strerror(errno);
     // Poll the daemon's threads while the fsyncs last.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     do {
