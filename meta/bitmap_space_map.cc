@@ -225,9 +225,14 @@ Result<std::unique_ptr<BitmapSpaceMap>> BitmapSpaceMap::Create(const std::string
   if (base == MAP_FAILED) return fail(Status::FromErrno(errno, "mmap bitmap " + path));
   std::unique_ptr<BitmapSpaceMap> map(new BitmapSpaceMap(
       path, fd.release(), false, block_size, static_cast<std::byte*>(base), len, blocks, 0, true));
+  HeaderPage page;
   {
     MutexLock l(&map->mu_);
-    map->WriteHeader(true, blocks);
+    page = map->EncodeHeaderPage(true, blocks, 0);
+  }
+  if (Status s = map->WriteHeaderPage(page); !s.ok()) {
+    map.reset();
+    return fail(s);
   }
   // fsync rather than msync: the file's size must be durable too.
   if (::fsync(map->fd_) != 0) {
@@ -375,14 +380,28 @@ uint64_t BitmapSpaceMap::BodyChecksum(uint64_t nr_blocks) const {
   return XXH64(base_ + kBitmapHeaderSize, BitmapBodyBytes(nr_blocks), kBitmapChecksumSeed);
 }
 
-void BitmapSpaceMap::WriteHeader(bool clean, uint64_t nr_blocks) {
+BitmapSpaceMap::HeaderPage BitmapSpaceMap::EncodeHeaderPage(bool clean, uint64_t nr_blocks,
+                                                            uint64_t generation) const {
+  static_assert(std::tuple_size_v<HeaderPage> == kBitmapHeaderSize);
   BitmapHeader h;
   h.block_size = block_size_;
   h.nr_blocks = nr_blocks;
-  h.generation = generation_;
+  h.generation = generation;
   h.clean = clean ? 1 : 0;
   h.body_checksum = clean ? BodyChecksum(nr_blocks) : 0;
-  EncodeHeader(h, base_);
+  HeaderPage page;
+  EncodeHeader(h, page.data());
+  return page;
+}
+
+Status BitmapSpaceMap::WriteHeaderPage(const HeaderPage& page) const {
+  const ssize_t n = ::pwrite(fd_, page.data(), page.size(), 0);
+  if (n < 0) return Status::FromErrno(errno, "write bitmap header " + path_);
+  if (static_cast<size_t>(n) != page.size()) {
+    return Status::IOError("write bitmap header " + path_ + ": wrote " + std::to_string(n) +
+                           " of " + std::to_string(page.size()) + " bytes");
+  }
+  return Status::Ok();
 }
 
 Status BitmapSpaceMap::MsyncRange(std::byte* base, uint64_t offset, uint64_t len) {
@@ -541,10 +560,15 @@ Status BitmapSpaceMap::Sync(uint64_t generation) {
     changed_since_sync_ = true;  // the next Sync must not skip
     return s;
   }
+  HeaderPage page;
+  {
+    MutexLock l(&mu_);
+    page = EncodeHeaderPage(clean_, nr_blocks_, generation);
+  }
+  THINFS_RETURN_IF_ERROR(WriteHeaderPage(page));
   {
     MutexLock l(&mu_);
     generation_ = generation;
-    WriteHeader(clean_, nr_blocks_);
   }
   // The header's write-back is started, not waited for. Nothing needs the
   // new generation on disk: CheckBitmapGeneration accepts a dirty bitmap
@@ -613,13 +637,15 @@ Status BitmapSpaceMap::MarkDirty() {
   MutexLock sl(&sync_mu_);
   if (read_only_) return Status::ReadOnly("bitmap " + path_ + " is open read-only");
   std::byte* base;
+  HeaderPage page;
   {
     MutexLock l(&mu_);
     if (!clean_) return Status::Ok();
-    WriteHeader(false, nr_blocks_);
+    page = EncodeHeaderPage(false, nr_blocks_, generation_);
     base = base_;
   }
   // Bits may change only once the file no longer claims a clean body.
+  THINFS_RETURN_IF_ERROR(WriteHeaderPage(page));
   THINFS_RETURN_IF_ERROR(MsyncRange(base, 0, kBitmapHeaderSize));
   MutexLock l(&mu_);
   clean_ = false;
@@ -643,10 +669,19 @@ Status BitmapSpaceMap::MarkClean(uint64_t generation) {
     clean_ = false;
     return s;
   }
+  HeaderPage page;
+  {
+    MutexLock l(&mu_);
+    page = EncodeHeaderPage(true, nr_blocks_, generation);
+  }
+  if (Status s = WriteHeaderPage(page); !s.ok()) {
+    MutexLock l(&mu_);
+    clean_ = false;
+    return s;
+  }
   {
     MutexLock l(&mu_);
     generation_ = generation;
-    WriteHeader(true, nr_blocks_);
   }
   return MsyncRange(base, 0, kBitmapHeaderSize);
 }
@@ -692,10 +727,12 @@ Status BitmapSpaceMap::Grow(uint64_t new_blocks) {
   // New blocks become allocatable only once the header naming them is
   // durable, and the header names them only once the file's size is.
   if (::fsync(fd_) != 0) return Status::FromErrno(errno, "fsync bitmap " + path_);
+  HeaderPage page;
   {
     MutexLock l(&mu_);
-    WriteHeader(clean_, new_blocks);
+    page = EncodeHeaderPage(clean_, new_blocks, generation_);
   }
+  THINFS_RETURN_IF_ERROR(WriteHeaderPage(page));
   THINFS_RETURN_IF_ERROR(MsyncRange(base, 0, kBitmapHeaderSize));
   MutexLock l(&mu_);
   nr_words_ = BitmapBodyBytes(new_blocks) / 8;

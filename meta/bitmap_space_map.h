@@ -23,6 +23,7 @@
 #ifndef THINFS_META_BITMAP_SPACE_MAP_H_
 #define THINFS_META_BITMAP_SPACE_MAP_H_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -137,9 +138,18 @@ class BitmapSpaceMap final : public SpaceMap {
   bool TestBit(uint64_t block) const REQUIRES(mu_);
   // XXH64 of the body bytes that cover `nr_blocks` blocks.
   uint64_t BodyChecksum(uint64_t nr_blocks) const REQUIRES(mu_);
-  // Encodes the header (with `clean` and `nr_blocks`, the rest from the
-  // in-core fields) into the mapped header page. Does not msync.
-  void WriteHeader(bool clean, uint64_t nr_blocks) REQUIRES(mu_);
+  using HeaderPage = std::array<std::byte, 4096>;  // kBitmapHeaderSize
+  // The header page for `clean`, `nr_blocks` and `generation` (a clean
+  // one with the checksum of the body's current bytes), encoded in memory.
+  HeaderPage EncodeHeaderPage(bool clean, uint64_t nr_blocks, uint64_t generation) const
+      REQUIRES(mu_);
+  // Writes `page` over the file's header with one pwrite, never through
+  // the mapping. A process that dies in a write(2) of one page leaves the
+  // page cache holding the old page or the new one; one killed among its
+  // stores into the mapping leaves what it had stored, a zeroed or half
+  // sealed header that no open accepts, and the kernel writes that back.
+  // Does not sync. REQUIRES: sync_mu_ held, or the map not yet shared.
+  Status WriteHeaderPage(const HeaderPage& page) const;
   // msync of [offset, offset + len) of the mapping (page-aligned outward).
   static Status MsyncRange(std::byte* base, uint64_t offset, uint64_t len);
 
