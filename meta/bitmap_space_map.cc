@@ -382,7 +382,6 @@ uint64_t BitmapSpaceMap::BodyChecksum(uint64_t nr_blocks) const {
 
 BitmapSpaceMap::HeaderPage BitmapSpaceMap::EncodeHeaderPage(bool clean, uint64_t nr_blocks,
                                                             uint64_t generation) const {
-  static_assert(std::tuple_size_v<HeaderPage> == kBitmapHeaderSize);
   BitmapHeader h;
   h.block_size = block_size_;
   h.nr_blocks = nr_blocks;

@@ -34,6 +34,7 @@
 #include "core/space_map.h"
 #include "core/status.h"
 #include "core/types.h"
+#include "meta/format.h"
 
 namespace thinfs::meta {
 
@@ -138,7 +139,7 @@ class BitmapSpaceMap final : public SpaceMap {
   bool TestBit(uint64_t block) const REQUIRES(mu_);
   // XXH64 of the body bytes that cover `nr_blocks` blocks.
   uint64_t BodyChecksum(uint64_t nr_blocks) const REQUIRES(mu_);
-  using HeaderPage = std::array<std::byte, 4096>;  // kBitmapHeaderSize
+  using HeaderPage = std::array<std::byte, kBitmapHeaderSize>;
   // The header page for `clean`, `nr_blocks` and `generation` (a clean
   // one with the checksum of the body's current bytes), encoded in memory.
   HeaderPage EncodeHeaderPage(bool clean, uint64_t nr_blocks, uint64_t generation) const

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "meta/format.h"
+#include "tests/util/pool_test_util.h"
 
 namespace thinfs::meta {
 namespace {
@@ -793,19 +794,8 @@ TEST_F(BitmapSpaceMapTest, GrowOfACleanMapKeepsItClean) {
 // tmpfs when there is one, where Sync does no I/O and the child spends its
 // time writing headers rather than waiting for the disk.
 TEST_F(BitmapSpaceMapTest, HeaderIsWholeAfterTheProcessIsKilledWhileCommitting) {
-  std::string tmpl = (std::filesystem::is_directory("/dev/shm") ? std::string("/dev/shm") : dir_) +
-                     "/thinfs_bitmap_kill_XXXXXX";
-  char* d = ::mkdtemp(tmpl.data());
-  ASSERT_NE(d, nullptr) << tmpl << ": " << std::strerror(errno);
-  const std::string kill_dir = d;
-  struct RemoveDir {
-    std::string dir;
-    ~RemoveDir() {
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
-    }
-  } remove_dir{kill_dir};
-  const std::string path = kill_dir + "/bitmap";
+  const thinfs::testing::TempDir kill_dir(thinfs::testing::TmpfsOrTmp());
+  const std::string path = kill_dir.Sub("bitmap");
   constexpr uint64_t kBlocks = 1000;
   {
     auto m = BitmapSpaceMap::Create(path, kBlocks, kBs);

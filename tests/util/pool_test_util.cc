@@ -17,9 +17,9 @@ namespace thinfs::testing {
 
 namespace stdfs = std::filesystem;
 
-TempDir::TempDir() {
-  char tmpl[] = "/tmp/thinfs-test-XXXXXX";
-  THINFS_CHECK(::mkdtemp(tmpl) != nullptr);
+TempDir::TempDir(const std::string& parent) {
+  std::string tmpl = parent + "/thinfs-test-XXXXXX";
+  THINFS_CHECK(::mkdtemp(tmpl.data()) != nullptr);
   path_ = tmpl;
 }
 
@@ -28,6 +28,8 @@ TempDir::~TempDir() {
   std::error_code ec;
   stdfs::remove_all(path_, ec);
 }
+
+std::string TmpfsOrTmp() { return stdfs::is_directory("/dev/shm") ? "/dev/shm" : "/tmp"; }
 
 std::map<std::string, std::string> TreeDigest(const std::string& root) {
   std::map<std::string, std::string> out;

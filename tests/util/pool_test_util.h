@@ -16,10 +16,12 @@ namespace thinfs::testing {
 // flipping it must be reported as a header checksum mismatch.
 inline constexpr uint64_t kBitmapHeaderFlipOffsetForTesting = 32;
 
-// mkdtemp("/tmp/thinfs-test-XXXXXX"), removed recursively on destruction.
+// mkdtemp("PARENT/thinfs-test-XXXXXX") (PARENT: /tmp unless given),
+// removed recursively on destruction.
 class TempDir {
  public:
-  TempDir();
+  TempDir() : TempDir("/tmp") {}
+  explicit TempDir(const std::string& parent);
   ~TempDir();
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
@@ -34,6 +36,10 @@ class TempDir {
 // Relative path -> "type mode size mtime xxh64(content)" (symlinks: target)
 // for every entry under `root`, recursively.
 std::map<std::string, std::string> TreeDigest(const std::string& root);
+
+// "/dev/shm" when there is one, else "/tmp": for tests whose files should
+// cost no disk I/O (a tmpfs's fsync and write-back are free).
+std::string TmpfsOrTmp();
 
 std::string ReadFileOrDie(const std::string& path);
 void WriteFileOrDie(const std::string& path, const std::string& content);
