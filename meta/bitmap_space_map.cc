@@ -84,8 +84,8 @@ void EncodeHeader(const BitmapHeader& h, std::byte* page) {
   d.header_checksum = 0;
   std::memset(page, 0, kBitmapHeaderSize);
   std::memcpy(page, &d, sizeof d);
-  d.header_checksum = Le64(HeaderChecksum(page));
-  std::memcpy(page, &d, sizeof d);
+  const uint64_t checksum = Le64(HeaderChecksum(page));
+  std::memcpy(page + offsetof(BitmapHeaderDisk, header_checksum), &checksum, sizeof checksum);
 }
 
 BitmapHeader DecodeHeader(const std::byte* page) {

@@ -44,6 +44,7 @@
 #include "meta/pool_dir.h"
 #include "meta/rocksdb_store.h"
 #include "tests/util/forwarding.h"
+#include "tests/util/pool_test_util.h"
 
 namespace thinfs::testing {
 
@@ -219,13 +220,9 @@ class SnapshotSpaceMap final : public SpaceMap {
 class PowerLossStack {
  public:
   PowerLossStack(uint64_t block_size, uint64_t blocks, uint64_t seed)
-      : geometry_(block_size, blocks), rng_(seed) {
+      : geometry_(block_size, blocks), rng_(seed), dir_(TmpfsOrTmp()), root_(dir_.path()) {
     // Durability is modelled by the layers, not the file system: tmpfs
     // (fsync is free there) when there is one.
-    std::string tmpl = std::filesystem::is_directory("/dev/shm") ? "/dev/shm" : "/tmp";
-    tmpl += "/thinfs-powerloss-XXXXXX";
-    EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
-    root_ = tmpl;
     fs_ = meta::FaultInjectionFs::Create();
     store_options_.env_for_testing = fs_->env();
     Superblock sb;
@@ -247,8 +244,6 @@ class PowerLossStack {
     space_.reset();
     data_.reset();
     fs_.reset();
-    std::error_code ec;
-    std::filesystem::remove_all(root_, ec);
   }
   PowerLossStack(const PowerLossStack&) = delete;
   PowerLossStack& operator=(const PowerLossStack&) = delete;
@@ -331,7 +326,8 @@ class PowerLossStack {
   const Geometry geometry_;
   std::mt19937_64 rng_;
   uint64_t lagging_header_cuts_ = 0;
-  std::string root_;
+  const TempDir dir_;  // removed after every member below has closed its files
+  const std::string root_;
   std::unique_ptr<meta::FaultInjectionFs> fs_;
   meta::RocksDbOptions store_options_;
   std::unique_ptr<meta::RocksDbStore> store_;
