@@ -6,7 +6,7 @@
 # gcc Debug and the ASan+UBSan runs of scripts/test.sh took. A name that no
 # longer exists is ignored; a new long test belongs here.
 set_tests_properties(PoolModelTest.RandomSequencesMatchTheModel PROPERTIES COST 64)
-set_tests_properties(KillLoopTest.SigkillAtRandomMomentsKeepsAcknowledgedData PROPERTIES COST 48)
+set_tests_properties(KillLoopTest.SigkillAtRandomMomentsKeepsAcknowledgedData PROPERTIES COST 66)
 set_tests_properties(PowerLossTest.CommittedStateSurvivesEveryCut PROPERTIES COST 40)
 set_tests_properties(RocksDbStoreTest.BytesPerMappedBlockSequential PROPERTIES COST 36)
 set_tests_properties(RocksDbStoreTest.BytesPerMappedBlockScattered PROPERTIES COST 31)
