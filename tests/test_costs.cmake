@@ -4,7 +4,9 @@
 # Testing/Temporary/CTestCostData.txt yet) and the run does not end on one of
 # them alone. Only the order matters: the seconds are the larger of what the
 # gcc Debug and the ASan+UBSan runs of scripts/test.sh took. A name that no
-# longer exists is ignored; a new long test belongs here.
+# longer exists is ignored; a new long test belongs here. ctest includes
+# this file before the tests that tests/CMakeLists.txt declares with
+# add_test, so those get their COST where they are declared.
 set_tests_properties(PoolModelTest.RandomSequencesMatchTheModel PROPERTIES COST 64)
 set_tests_properties(KillLoopTest.SigkillAtRandomMomentsKeepsAcknowledgedData PROPERTIES COST 66)
 set_tests_properties(PowerLossTest.CommittedStateSurvivesEveryCut PROPERTIES COST 40)
