@@ -425,7 +425,11 @@ std::string FormatStatusText(const PoolStatusReport& r) {
     line("fuse requests:",
          f.io_uring ? "io_uring, " + std::to_string(f.queues) + " CPU queues x " +
                           std::to_string(f.threads_per_queue) + " ring threads (" +
-                          std::to_string(f.ring_requests) + " requests through the rings)"
+                          std::to_string(f.ring_requests) + " requests through the rings)" +
+                          (f.ring_entries_registered < f.ring_entries
+                               ? "; only " + std::to_string(f.ring_entries_registered) + " of " +
+                                     std::to_string(f.ring_entries) + " ring entries registered"
+                               : "")
                     : "/dev/fuse");
     if (f.cpu_latency) {
       char held[64];
@@ -492,6 +496,8 @@ std::string FormatStatusJson(const PoolStatusReport& r) {
         .Key("queues").Uint(r.fuse->queues)
         .Key("ring_threads_per_queue").Uint(r.fuse->threads_per_queue)
         .Key("ring_requests").Uint(r.fuse->ring_requests)
+        .Key("ring_entries").Uint(r.fuse->ring_entries)
+        .Key("ring_entries_registered").Uint(r.fuse->ring_entries_registered)
         .Key("cpu_latency");
     if (!r.fuse->cpu_latency) {
       j.Null();

@@ -45,6 +45,11 @@ struct FuseTransportInfo {
   unsigned queues = 0;             // io_uring: the kernel's queues (one per CPU)
   unsigned threads_per_queue = 0;  // io_uring: ring threads serving each
   uint64_t ring_requests = 0;      // io_uring: requests served through the rings
+  // io_uring: ring entries made (one per ring thread), and how many of them
+  // the kernel holds now; fewer while the mount starts, or when a thread
+  // failed (its error is in the daemon's log).
+  unsigned ring_entries = 0;
+  unsigned ring_entries_registered = 0;
   std::optional<CpuLatencyInfo> cpu_latency;  // unset: the option is off
 };
 
@@ -111,8 +116,9 @@ std::string FormatStatusText(const PoolStatusReport& r);
 // transaction_id, bitmap_clean, low_water_blocks, below_low_water, mounted,
 // mountpoint (string or null), fuse_transport (null unless mounted, else
 // {kind: "io_uring" or "dev_fuse", queues, ring_threads_per_queue,
-// ring_requests, cpu_latency: null when the mount option is off, else
-// {usec, held, times_set, ms_held}}), and when mounted "counters": {reads, writes,
+// ring_requests, ring_entries, ring_entries_registered, cpu_latency: null
+// when the mount option is off, else {usec, held, times_set, ms_held}}),
+// and when mounted "counters": {reads, writes,
 // provisions, cow_copies, deferred_copies, discards, commits, data_syncs,
 // gc_backlog}.
 std::string FormatStatusJson(const PoolStatusReport& r);

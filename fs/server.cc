@@ -1343,6 +1343,8 @@ FuseTransportInfo CurrentFuseTransport() {
   info.queues = uring->queues();
   info.threads_per_queue = uring->threads_per_queue();
   info.ring_requests = g_server->counts().uring.load(std::memory_order_relaxed);
+  info.ring_entries = uring->entries_started();
+  info.ring_entries_registered = uring->entries_registered();
   return info;
 }
 

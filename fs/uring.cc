@@ -316,6 +316,20 @@ void UringTransport::StartThreads(uint32_t max_write, uint32_t max_pages) {
   }
   THINFS_LOG_INFO("FUSE over io_uring: %u queues, %u ring threads each, %zu-byte payloads",
                   queues_, per_queue, payload);
+  entries_started_.store(static_cast<unsigned>(threads_.size()), std::memory_order_release);
+  NoteRegistered(0);
+}
+
+void UringTransport::NoteRegistered(int delta) {
+  unsigned now = registered_.fetch_add(static_cast<unsigned>(delta), std::memory_order_acq_rel) +
+                 static_cast<unsigned>(delta);
+  unsigned started = entries_started_.load(std::memory_order_acquire);
+  // Whichever of the last registration and StartThreads's store comes
+  // second sees both.
+  if (started != 0 && now == started && !all_registered_logged_.exchange(true)) {
+    // Tests wait for this line (tests/util/e2e_util.h, kRingsRegistered).
+    THINFS_LOG_INFO("FUSE over io_uring: all %u ring entries registered", started);
+  }
 }
 
 void UringTransport::Stop() {
@@ -374,10 +388,24 @@ void UringTransport::Run(Entry* e) {
   io_uring_sqe* poll = ZeroedSqe(&ring);
   io_uring_prep_poll_add(poll, stop_fd_, POLLIN);
   io_uring_sqe_set_data64(poll, kStopTag);
-  submit_cmd(kCmdRegister, 0);
+  // The kernel takes the entry while io_uring_enter submits the command (it
+  // completes only with a request, or at once with an error): so it holds
+  // the entry once the submit returns, unless an error CQE follows.
+  auto register_entry = [&] {
+    submit_cmd(kCmdRegister, 0);
+    int n = io_uring_submit(&ring);
+    if (n < 0) {
+      THINFS_LOG_ERROR("FUSE over io_uring: io_uring_enter: %s; queue %u has one entry less",
+                       strerror(-n), e->qid);
+      return false;
+    }
+    NoteRegistered(1);
+    return true;
+  };
+  bool entry_live = register_entry();
 
   int not_ready = 0;
-  bool done = false, entry_live = true;
+  bool done = false;
   while (!done && entry_live) {
     rc = io_uring_submit_and_wait(&ring, 1);
     if (rc < 0 && rc != -EINTR) {
@@ -393,10 +421,11 @@ void UringTransport::Run(Entry* e) {
         done = true;
         continue;
       }
+      if (res < 0) NoteRegistered(-1);  // the kernel let go of the entry
       if (res == -EAGAIN && not_ready++ < 5000) {
         // INIT not processed yet (it is, once our INIT reply was written).
         usleep(1000);
-        submit_cmd(kCmdRegister, 0);
+        entry_live = register_entry();
         continue;
       }
       if (res < 0) {

@@ -94,6 +94,16 @@ class UringTransport {
   // Valid once serving().
   unsigned queues() const { return queues_; }
   unsigned threads_per_queue() const { return per_queue_; }
+  // Ring entries the kernel holds now, and how many the threads were made
+  // to register (0 until they all started). The kernel hands a request to
+  // an entry it holds when the request comes, or queues it for the next
+  // entry that commits a reply: an entry registered later does not take
+  // requests already queued. So a burst that comes before every entry is
+  // registered is served by fewer threads than configured, as the test of
+  // 32 reads at once saw (tests/e2e/server_test.cc). Logs "FUSE over
+  // io_uring: all N ring entries registered" once they are.
+  unsigned entries_registered() const { return registered_.load(std::memory_order_acquire); }
+  unsigned entries_started() const { return entries_started_.load(std::memory_order_acquire); }
 
   // The libfuse hooks (through the session's userdata: fs/server.cc).
   ssize_t Read(int fd, void* buf, size_t len);
@@ -129,6 +139,12 @@ class UringTransport {
   // Set by StartThreads before any ring thread; serving() publishes them.
   unsigned queues_ = 0;
   unsigned per_queue_ = 0;
+  // See entries_registered(). entries_started_ is set once every ring
+  // thread is made; NoteRegistered logs when both are equal.
+  void NoteRegistered(int delta);
+  std::atomic<unsigned> registered_{0};
+  std::atomic<unsigned> entries_started_{0};
+  std::atomic<bool> all_registered_logged_{false};
   std::vector<std::unique_ptr<Entry>> entries_ GUARDED_BY(mu_);  // freed by the destructor
   std::vector<std::thread> threads_ GUARDED_BY(mu_);
   bool stopped_ GUARDED_BY(mu_) = false;

@@ -253,6 +253,8 @@ TEST_F(AdminTest, StatusShowsTheFuseTransport) {
     f.queues = 2;
     f.threads_per_queue = 32;
     f.ring_requests = 12345;
+    f.ring_entries = 64;
+    f.ring_entries_registered = 64;
     return f;
   };
   v = ParseJson(Run("status", {{"json", "1"}}).json);
@@ -260,6 +262,8 @@ TEST_F(AdminTest, StatusShowsTheFuseTransport) {
   EXPECT_EQ(v["fuse_transport"]["queues"].AsUint(), 2u);
   EXPECT_EQ(v["fuse_transport"]["ring_threads_per_queue"].AsUint(), 32u);
   EXPECT_EQ(v["fuse_transport"]["ring_requests"].AsUint(), 12345u);
+  EXPECT_EQ(v["fuse_transport"]["ring_entries"].AsUint(), 64u);
+  EXPECT_EQ(v["fuse_transport"]["ring_entries_registered"].AsUint(), 64u);
   std::string text = Run("status").text;
   EXPECT_NE(text.find("fuse requests:   io_uring, 2 CPU queues x 32 ring threads (12345 "
                       "requests through the rings)\n"),
@@ -267,6 +271,27 @@ TEST_F(AdminTest, StatusShowsTheFuseTransport) {
       << text;
   EXPECT_EQ(v["fuse_transport"]["cpu_latency"].type, JsonValue::Type::kNull);
   EXPECT_NE(text.find("cpu latency:     not held (mount option cpu_latency=off)\n"),
+            std::string::npos)
+      << text;
+
+  // While the mount starts, or when a ring thread failed, the kernel holds
+  // fewer entries than there are threads: the text says so.
+  ctx_.fuse_transport = [] {
+    FuseTransportInfo f;
+    f.io_uring = true;
+    f.queues = 2;
+    f.threads_per_queue = 16;
+    f.ring_requests = 7;
+    f.ring_entries = 32;
+    f.ring_entries_registered = 17;
+    return f;
+  };
+  v = ParseJson(Run("status", {{"json", "1"}}).json);
+  EXPECT_EQ(v["fuse_transport"]["ring_entries"].AsUint(), 32u);
+  EXPECT_EQ(v["fuse_transport"]["ring_entries_registered"].AsUint(), 17u);
+  text = Run("status").text;
+  EXPECT_NE(text.find("fuse requests:   io_uring, 2 CPU queues x 16 ring threads (7 requests "
+                      "through the rings); only 17 of 32 ring entries registered\n"),
             std::string::npos)
       << text;
 

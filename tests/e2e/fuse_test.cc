@@ -800,6 +800,12 @@ TEST_F(FuseTest, IoUringOptionChoosesTheTransport) {
   const uint64_t queues = transport["queues"].AsUint();
   EXPECT_EQ(transport["ring_threads_per_queue"].AsUint(), std::min<uint64_t>(16, 256 / queues))
       << status.output;
+  // MountForeground also waited for every entry to be in the kernel.
+  EXPECT_EQ(transport["ring_entries"].AsUint(),
+            queues * transport["ring_threads_per_queue"].AsUint())
+      << status.output;
+  EXPECT_EQ(transport["ring_entries_registered"].AsUint(), transport["ring_entries"].AsUint())
+      << status.output;
   ASSERT_EQ(Unmount(), "");
   EXPECT_GT(UringRequestsInLog(Log()), 16) << Log();
 

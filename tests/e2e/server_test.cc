@@ -146,6 +146,19 @@ class ServerTest : public ::testing::Test {
         statvfs(mnt_.c_str(), &sv);
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
+      // And once the kernel holds every ring thread's entry: a burst that
+      // comes before is served by fewer threads (fs/uring.h).
+      for (;;) {
+        FuseTransportInfo t = CurrentFuseTransport();
+        if (t.ring_entries > 0 && t.ring_entries_registered == t.ring_entries) {
+          EXPECT_EQ(t.ring_entries, t.queues * t.threads_per_queue);
+          break;
+        }
+        ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+            << t.ring_entries_registered << " of " << t.ring_entries
+            << " ring entries registered";
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
       uring_before_test_ = counts_.uring.load();
     }
   }

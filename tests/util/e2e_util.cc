@@ -354,6 +354,8 @@ std::string E2eTest::MountForeground(const std::string& options, std::chrono::se
   if (foreground_pid_ > 0) return "a foreground daemon is already running";
   int log_fd = open(log_path().c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (log_fd < 0) return std::string("open log: ") + strerror(errno);
+  // The log holds every mount of the test: this one's lines come after.
+  const size_t log_start = Log().size();
   std::string binary = ThinfsBinary();
   std::vector<std::string> args = {binary, "mount", pool_, mnt_, "-f"};
   std::string all_options = WithTransportUnderTest(options);
@@ -390,13 +392,21 @@ std::string E2eTest::MountForeground(const std::string& options, std::chrono::se
       // stat waits for the kernel's INIT to be answered.
       struct stat st {};
       if (stat(mnt_.c_str(), &st) != 0) return std::string("stat mount: ") + strerror(errno);
-      if (FuseIoUringUnderTest() && all_options.find("io_uring=off") == std::string::npos) {
+      const bool rings = all_options.find("io_uring=on") != std::string::npos ||
+                         (FuseIoUringUnderTest() &&
+                          all_options.find("io_uring=off") == std::string::npos);
+      if (rings) {
         // The rings register just after INIT; until then requests take
-        // /dev/fuse. statfs always reaches the daemon.
-        while (Log().find(kFirstRingRequest) == std::string::npos) {
+        // /dev/fuse. statfs always reaches the daemon. Tests that count
+        // requests served at once need every entry in.
+        auto logged = [&](const char* line) {
+          return Log().find(line, log_start) != std::string::npos;
+        };
+        while (!logged(kFirstRingRequest) || !logged(kRingsRegistered)) {
           if (steady_clock::now() >= deadline) {
-            return "no request through io_uring after " + std::to_string(timeout.count()) +
-                   "s:\n" + Log();
+            return std::string(logged(kFirstRingRequest) ? "not every ring entry registered"
+                                                         : "no request through io_uring") +
+                   " after " + std::to_string(timeout.count()) + "s:\n" + Log();
           }
           struct statvfs sv {};
           statvfs(mnt_.c_str(), &sv);

@@ -55,6 +55,9 @@ std::string SetFuseIoUring(bool on);
 std::string WithTransportUnderTest(const std::string& options);
 // What a daemon logs when the first request reaches it through a ring.
 inline constexpr char kFirstRingRequest[] = "FUSE over io_uring: serving";
+// What it logs once the kernel holds every ring thread's entry (fs/uring.h,
+// entries_registered()): until then a burst is served by fewer threads.
+inline constexpr char kRingsRegistered[] = "FUSE over io_uring: all ";
 // From a daemon's log (its last "served ..." line): the requests served
 // through io_uring, or -1 if the log has no such line.
 long long UringRequestsInLog(const std::string& log);
