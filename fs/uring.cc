@@ -18,11 +18,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 #include "core/check.h"
@@ -158,7 +160,12 @@ struct UringTransport::Entry {
 
 namespace {
 thread_local UringTransport::Entry* tls_entry = nullptr;
+std::atomic<int64_t> register_delay_ms_for_testing{0};
 }  // namespace
+
+void UringTransport::SetRegisterDelayForTesting(std::chrono::milliseconds delay) {
+  register_delay_ms_for_testing.store(delay.count());
+}
 
 std::string UringUnavailableReason() {
   std::ifstream in(kEnableUring);
@@ -391,6 +398,9 @@ void UringTransport::Run(Entry* e) {
   // The kernel takes the entry while io_uring_enter submits the command (it
   // completes only with a request, or at once with an error): so it holds
   // the entry once the submit returns, unless an error CQE follows.
+  if (int64_t ms = register_delay_ms_for_testing.load(); ms > 0 && !e->pinned) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  }
   auto register_entry = [&] {
     submit_cmd(kCmdRegister, 0);
     int n = io_uring_submit(&ring);

@@ -46,6 +46,7 @@
 #include <sys/uio.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -104,6 +105,12 @@ class UringTransport {
   // io_uring: all N ring entries registered" once they are.
   unsigned entries_registered() const { return registered_.load(std::memory_order_acquire); }
   unsigned entries_started() const { return entries_started_.load(std::memory_order_acquire); }
+
+  // Ring threads started after this call wait `delay` before they register
+  // their entry, but for each queue's pinned one: the kernel then serves
+  // through the rings while most entries are not in, as on a loaded
+  // machine. Zero (the default) for no wait.
+  static void SetRegisterDelayForTesting(std::chrono::milliseconds delay);
 
   // The libfuse hooks (through the session's userdata: fs/server.cc).
   ssize_t Read(int fd, void* buf, size_t len);
