@@ -395,12 +395,12 @@ void UringTransport::Run(Entry* e) {
   io_uring_sqe* poll = ZeroedSqe(&ring);
   io_uring_prep_poll_add(poll, stop_fd_, POLLIN);
   io_uring_sqe_set_data64(poll, kStopTag);
-  // The kernel takes the entry while io_uring_enter submits the command (it
-  // completes only with a request, or at once with an error): so it holds
-  // the entry once the submit returns, unless an error CQE follows.
   if (int64_t ms = register_delay_ms_for_testing.load(); ms > 0 && !e->pinned) {
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
   }
+  // The kernel takes the entry while io_uring_enter submits the command (it
+  // completes only with a request, or at once with an error): so it holds
+  // the entry once the submit returns, unless an error CQE follows.
   auto register_entry = [&] {
     submit_cmd(kCmdRegister, 0);
     int n = io_uring_submit(&ring);

@@ -247,16 +247,20 @@ TEST_F(AdminTest, StatusShowsTheFuseTransport) {
   EXPECT_EQ(v["fuse_transport"]["kind"].string, "dev_fuse");
   EXPECT_NE(Run("status").text.find("fuse requests:   /dev/fuse\n"), std::string::npos);
 
-  ctx_.fuse_transport = [] {
-    FuseTransportInfo f;
-    f.io_uring = true;
-    f.queues = 2;
-    f.threads_per_queue = 32;
-    f.ring_requests = 12345;
-    f.ring_entries = 64;
-    f.ring_entries_registered = 64;
-    return f;
+  // An io_uring transport with these figures.
+  auto rings = [](unsigned queues, unsigned threads, uint64_t requests, unsigned registered) {
+    return [=] {
+      FuseTransportInfo f;
+      f.io_uring = true;
+      f.queues = queues;
+      f.threads_per_queue = threads;
+      f.ring_requests = requests;
+      f.ring_entries = queues * threads;
+      f.ring_entries_registered = registered;
+      return f;
+    };
   };
+  ctx_.fuse_transport = rings(2, 32, 12345, 64);
   v = ParseJson(Run("status", {{"json", "1"}}).json);
   EXPECT_EQ(v["fuse_transport"]["kind"].string, "io_uring");
   EXPECT_EQ(v["fuse_transport"]["queues"].AsUint(), 2u);
@@ -276,16 +280,7 @@ TEST_F(AdminTest, StatusShowsTheFuseTransport) {
 
   // While the mount starts, or when a ring thread failed, the kernel holds
   // fewer entries than there are threads: the text says so.
-  ctx_.fuse_transport = [] {
-    FuseTransportInfo f;
-    f.io_uring = true;
-    f.queues = 2;
-    f.threads_per_queue = 16;
-    f.ring_requests = 7;
-    f.ring_entries = 32;
-    f.ring_entries_registered = 17;
-    return f;
-  };
+  ctx_.fuse_transport = rings(2, 16, 7, 17);
   v = ParseJson(Run("status", {{"json", "1"}}).json);
   EXPECT_EQ(v["fuse_transport"]["ring_entries"].AsUint(), 32u);
   EXPECT_EQ(v["fuse_transport"]["ring_entries_registered"].AsUint(), 17u);

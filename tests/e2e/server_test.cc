@@ -148,18 +148,25 @@ class ServerTest : public ::testing::Test {
       }
       // And once the kernel holds every ring thread's entry: a burst that
       // comes before is served by fewer threads (fs/uring.h).
-      for (; wait_for_ring_entries_;) {
-        FuseTransportInfo t = CurrentFuseTransport();
-        if (t.ring_entries > 0 && t.ring_entries_registered == t.ring_entries) {
-          EXPECT_EQ(t.ring_entries, t.queues * t.threads_per_queue);
-          break;
-        }
-        ASSERT_LT(std::chrono::steady_clock::now(), deadline)
-            << t.ring_entries_registered << " of " << t.ring_entries
-            << " ring entries registered";
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (wait_for_ring_entries_) {
+        ASSERT_NO_FATAL_FAILURE(AwaitRingEntries(deadline));
       }
       uring_before_test_ = counts_.uring.load();
+    }
+  }
+
+  // Waits until the kernel holds every ring thread's entry, one per thread
+  // of every queue.
+  void AwaitRingEntries(std::chrono::steady_clock::time_point deadline) {
+    for (;;) {
+      FuseTransportInfo t = CurrentFuseTransport();
+      if (t.ring_entries > 0 && t.ring_entries_registered == t.ring_entries) {
+        EXPECT_EQ(t.ring_entries, t.queues * t.threads_per_queue);
+        return;
+      }
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+          << t.ring_entries_registered << " of " << t.ring_entries << " ring entries registered";
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
 
@@ -1273,14 +1280,9 @@ TEST_F(UringServerTest, LateRingEntriesAreCountedOnceRegistered) {
   EXPECT_EQ(early.ring_entries_registered, early.queues);
   EXPECT_LT(early.ring_entries_registered, early.ring_entries);
 
-  auto deadline = std::chrono::steady_clock::now() + kDelay + std::chrono::seconds(10);
+  ASSERT_NO_FATAL_FAILURE(
+      AwaitRingEntries(std::chrono::steady_clock::now() + kDelay + std::chrono::seconds(10)));
   FuseTransportInfo late = CurrentFuseTransport();
-  while (late.ring_entries_registered < late.ring_entries) {
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline)
-        << late.ring_entries_registered << " of " << late.ring_entries << " registered";
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    late = CurrentFuseTransport();
-  }
   EXPECT_EQ(late.ring_entries_registered, late.ring_entries);
   EXPECT_GE(std::chrono::steady_clock::now() - mounted, kDelay);
   MakeFile("v", kBlockSize);

@@ -399,14 +399,14 @@ std::string E2eTest::MountForeground(const std::string& options, std::chrono::se
         // The rings register just after INIT; until then requests take
         // /dev/fuse. statfs always reaches the daemon. Tests that count
         // requests served at once need every entry in.
-        auto logged = [&](const char* line) {
-          return Log().find(line, log_start) != std::string::npos;
-        };
-        while (!logged(kFirstRingRequest) || !logged(kRingsRegistered)) {
+        for (;;) {
+          const std::string log = Log();
+          const bool served = log.find(kFirstRingRequest, log_start) != std::string::npos;
+          if (served && log.find(kRingsRegistered, log_start) != std::string::npos) break;
           if (steady_clock::now() >= deadline) {
-            return std::string(logged(kFirstRingRequest) ? "not every ring entry registered"
-                                                         : "no request through io_uring") +
-                   " after " + std::to_string(timeout.count()) + "s:\n" + Log();
+            return std::string(served ? "not every ring entry registered"
+                                      : "no request through io_uring") +
+                   " after " + std::to_string(timeout.count()) + "s:\n" + log;
           }
           struct statvfs sv {};
           statvfs(mnt_.c_str(), &sv);
