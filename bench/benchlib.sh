@@ -139,3 +139,17 @@ umount_configs() {
 daemon_cpu_ticks() {
   awk '{print $14 + $15}' "/proc/$1/stat"
 }
+
+# The machine's busy time so far, in clock ticks, over every CPU: user,
+# nice, system, irq, softirq and steal (the fields of /proc/stat's cpu
+# line but idle and iowait); then irq + softirq alone.
+machine_busy_ticks() {
+  awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9, $7 + $8}' /proc/stat
+}
+
+# Context switches of every thread of process $1 so far, voluntary and
+# involuntary (a thread that has exited is no longer counted).
+daemon_context_switches() {
+  cat /proc/"$1"/task/*/status 2>/dev/null |
+    awk '/^voluntary_ctxt_switches/ {v += $2} /^nonvoluntary_ctxt_switches/ {n += $2} END {print v + 0, n + 0}'
+}

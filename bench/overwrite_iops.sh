@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # 4 KiB random overwrites of a file through a FUSE mount: the
-# single-target probe behind docs/benchmarks.md levers 12-13, and the
-# stop of 2026-12-06's look at target 1's random write.
+# single-target probe behind docs/benchmarks.md levers 12-13 and 57, and
+# the stop of 2026-12-06's look at target 1's random write.
 #   bench/overwrite_iops.sh THINFS_BINARY [MOUNT_OPTIONS] [DIR]
 #   bench/overwrite_iops.sh passthrough=PASSTHROUGH_LL_BINARY [-] [DIR]
 # thinfs: formats a 4 GiB sparse pool in DIR (default
@@ -9,8 +9,11 @@
 # volume of SIZE; passthrough=: serves a file of SIZE in DIR with libfuse's
 # passthrough_ll (as bench/fio_compare.py's fuse-passthrough target).
 # Writes the file sequentially (fsynced), then runs fio --rw=randwrite
-# --bs=4k --ioengine=psync for 5 s three times and prints each run's IOPS
-# and the daemon's CPU time per write (utime + stime of its process).
+# --bs=4k --ioengine=psync for 5 s three times and prints, per run: IOPS;
+# the daemon's CPU time per write (utime + stime of its process); the
+# whole machine's busy CPU time per write (every CPU, /proc/stat) and its
+# irq + softirq part; the daemon's threads' voluntary context switches per
+# write and, apart, their involuntary ones.
 # SIZE (default 1G) and RUNTIME (seconds, default 5) in the environment
 # change the file's size and each run's length (CI's quick test: 64M, 1).
 # COLD=1 in the environment: before each run the file and what backs it
@@ -22,7 +25,7 @@ set -euo pipefail
 # shellcheck source=bench/benchlib.sh
 source "$(dirname "$0")/benchlib.sh"
 if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
-  header_usage 20
+  header_usage 23
   [[ $# -ge 1 ]] && exit 0
   exit 2
 fi
@@ -70,14 +73,26 @@ fio --name=fill --filename="$file" --rw=write --bs=1M --size="$size" --end_fsync
 for _ in 1 2 3; do
   if [ "${COLD:-0}" = 1 ]; then evict_files "$file" "$backing"; fi
   before=$(daemon_cpu_ticks "$pid")
+  switches_before=$(daemon_context_switches "$pid")
+  machine_before=$(machine_busy_ticks)
   fio --name=rw --filename="$file" --rw=randwrite --bs=4k --size="$size" --time_based \
     --runtime="$runtime" --ioengine=psync --output-format=json --output="$dir/out.json"
   after=$(daemon_cpu_ticks "$pid")
+  switches_after=$(daemon_context_switches "$pid")
+  machine_after=$(machine_busy_ticks)
   python3 -c '
 import json, os, sys
 j = json.load(open(sys.argv[1]))["jobs"][0]["write"]
 ticks = int(sys.argv[3]) - int(sys.argv[2])
 cpu_us = ticks * 1e6 / os.sysconf("SC_CLK_TCK")
-print("iops", round(j["iops"]), "daemon_cpu_us_per_write", round(cpu_us / max(1, j["total_ios"]), 1))' \
-    "$dir/out.json" "$before" "$after"
+writes = max(1, j["total_ios"])
+v0, n0 = map(int, sys.argv[4].split())
+v1, n1 = map(int, sys.argv[5].split())
+b0, i0 = map(int, sys.argv[6].split())
+b1, i1 = map(int, sys.argv[7].split())
+us = 1e6 / os.sysconf("SC_CLK_TCK") / writes
+print("iops", round(j["iops"]), "daemon_cpu_us_per_write", round(cpu_us / writes, 1),
+      "machine_cpu_us_per_write", round((b1 - b0) * us, 1), "irq_us", round((i1 - i0) * us, 2),
+      "switches_per_write", round((v1 - v0) / writes, 2), "involuntary", round((n1 - n0) / writes, 3))' \
+    "$dir/out.json" "$before" "$after" "$switches_before" "$switches_after" "$machine_before" "$machine_after"
 done

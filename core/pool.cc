@@ -1,5 +1,7 @@
 #include "core/pool.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -2195,14 +2197,21 @@ Result<std::unique_ptr<Pool>> Pool::Open(std::unique_ptr<BlockDevice> data,
     if (!s.ok()) return s;
   }
   if (!options.read_only) {
+    // Named, so that `top -H`, perf and /proc/PID/task/*/comm tell them
+    // apart from the FUSE workers; named here, so that a thread has its
+    // name by the time Open returns.
+    Impl& p = *pool->impl_;
     if (options.commit_interval.count() > 0) {
-      pool->impl_->commit_thread = std::thread([&p = *pool->impl_] { p.CommitLoop(); });
+      p.commit_thread = std::thread([&p] { p.CommitLoop(); });
+      pthread_setname_np(p.commit_thread.native_handle(), "thinfs-commit");
     }
     if (options.background_gc) {
-      pool->impl_->gc_thread = std::thread([&p = *pool->impl_] { p.GcLoop(); });
+      p.gc_thread = std::thread([&p] { p.GcLoop(); });
+      pthread_setname_np(p.gc_thread.native_handle(), "thinfs-gc");
     }
-    if (options.background_copies && pool->impl_->copies.capacity() > 0) {
-      pool->impl_->copier_thread = std::thread([&p = *pool->impl_] { p.CopierLoop(); });
+    if (options.background_copies && p.copies.capacity() > 0) {
+      p.copier_thread = std::thread([&p] { p.CopierLoop(); });
+      pthread_setname_np(p.copier_thread.native_handle(), "thinfs-copier");
     }
   }
   return pool;

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -176,6 +177,7 @@ size_t ControlServer::ReapLocked() {
 }
 
 void ControlServer::AcceptLoop() {
+  pthread_setname_np(pthread_self(), "thinfs-control");
   while (!stopping_.load()) {
     int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
@@ -207,6 +209,7 @@ void ControlServer::AcceptLoop() {
 }
 
 void ControlServer::Serve(Connection* conn) {
+  pthread_setname_np(pthread_self(), "thinfs-ctl-conn");
   const int fd = conn->fd;
   auto finish = [&] {
     {

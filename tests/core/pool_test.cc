@@ -7,10 +7,14 @@
 #include <atomic>
 #include <barrier>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <mutex>
 #include <random>
 #include <set>
 #include <span>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -1303,6 +1307,31 @@ TEST(PoolTest, ConcurrentWritersProvisionABlockOnce) {
   for (int t = 0; t < 8; ++t) {
     EXPECT_EQ(std::memcmp(all.data() + t * 16, Pattern(16, t).data(), 16), 0);
   }
+}
+
+// The pool's background threads carry names (`top -H`, perf, gdb), and
+// each is gone once the pool closes.
+TEST(PoolTest, BackgroundThreadsAreNamedAndEndWithThePool) {
+  auto count_named = [] {
+    std::map<std::string, int> named;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+      std::ifstream comm(task.path() / "comm");
+      std::string name;
+      if (std::getline(comm, name) && name.starts_with("thinfs-")) ++named[name];
+    }
+    return named;
+  };
+  ASSERT_EQ(count_named(), (std::map<std::string, int>{}));
+  PoolOptions o = EngineFixture::DefaultOptions();
+  o.commit_interval = std::chrono::milliseconds(1000);
+  o.background_gc = true;
+  o.background_copies = true;
+  {
+    EngineFixture f(kBs, 64, o);
+    EXPECT_EQ(count_named(), (std::map<std::string, int>{
+                                 {"thinfs-commit", 1}, {"thinfs-copier", 1}, {"thinfs-gc", 1}}));
+  }
+  EXPECT_EQ(count_named(), (std::map<std::string, int>{}));
 }
 
 TEST(PoolTest, ConcurrentIoSnapshotsAndCommits) {
