@@ -364,7 +364,9 @@ class Server {
   Pool* const pool_;
   const ServeConfig config_;
   const uint64_t block_size_;
-  std::function<void()> on_ready_;  // called once, by the INIT worker
+  // Called once: by the INIT worker, or over io_uring by the ring thread
+  // (or timer) that settles the rings.
+  std::function<void()> on_ready_;
   RequestCounts own_counts_;
   RequestCounts* const counts_;
   // Set while Serve() serves over io_uring too; the I/O hooks reach it.
@@ -512,7 +514,16 @@ void OnInit(void* userdata, fuse_conn_info* conn) noexcept {
       conn->proto_major, conn->proto_minor, conn->max_write, conn->max_readahead,
       conn->max_background, server->config().max_threads,
       server->config().page_cache ? "on" : "off (direct I/O)", conn->capable, conn->want);
-  GuardedNoReply("init", [&] { server->Ready(); });
+  // Over io_uring the mount is ready once the rings have settled, every
+  // entry in (fs/uring.h, OnSettled), not at INIT: a burst that came
+  // before would be served by fewer entries.
+  GuardedNoReply("init", [&] {
+    if (UringTransport* rings = server->uring()) {
+      rings->OnSettled([server] { server->Ready(); });
+    } else {
+      server->Ready();
+    }
+  });
 }
 
 void OnLookup(fuse_req_t req, fuse_ino_t parent, const char* name) noexcept {

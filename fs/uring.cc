@@ -248,7 +248,9 @@ ssize_t UringTransport::Writev(int fd, iovec* iov, int count) {
                     !offered_.load() ? "the kernel does not offer io_uring"
                     : !known         ? "INIT reply of an unknown size"
                                      : "INIT failed");
-    return ::writev(fd, iov, count);
+    ssize_t n = ::writev(fd, iov, count);
+    Settle();  // no ring will serve
+    return n;
   }
   std::memcpy(&arg, iov[1].iov_base, arg_size);
   arg.flags |= FUSE_INIT_EXT;
@@ -257,6 +259,11 @@ ssize_t UringTransport::Writev(int fd, iovec* iov, int count) {
   ssize_t n = ::writev(fd, patched, 2);
   // The kernel has processed INIT once the write returns: rings may register.
   if (n >= 0) StartThreads(arg.max_write, arg.max_pages);
+  if (n < 0 || entries_started() == 0) {
+    Settle();  // no ring will serve
+  } else {
+    NoteRegistered(0);  // every entry may be in already
+  }
   return n;
 }
 
@@ -324,7 +331,30 @@ void UringTransport::StartThreads(uint32_t max_write, uint32_t max_pages) {
   THINFS_LOG_INFO("FUSE over io_uring: %u queues, %u ring threads each, %zu-byte payloads",
                   queues_, per_queue, payload);
   entries_started_.store(static_cast<unsigned>(threads_.size()), std::memory_order_release);
-  NoteRegistered(0);
+  if (threads_.empty()) return;
+  // Settles the rings after kSettleTimeout if some entry never registers,
+  // so that the mount is reported ready anyway (it is served, by fewer
+  // entries or through /dev/fuse).
+  threads_.emplace_back([this] {
+    pthread_setname_np(pthread_self(), "thinfs-uring");
+    const auto deadline = std::chrono::steady_clock::now() + kSettleTimeout;
+    bool late;
+    {
+      MutexLock l(&settle_mu_);
+      while (!settled_ && !settle_stop_ && std::chrono::steady_clock::now() < deadline) {
+        settle_cv_.WaitFor(deadline - std::chrono::steady_clock::now());
+      }
+      late = !settled_ && !settle_stop_;
+    }
+    if (late) {
+      THINFS_LOG_WARNING(
+          "FUSE over io_uring: %u of %u ring entries registered after %lld s; the mount is "
+          "ready without the rest",
+          entries_registered(), entries_started(),
+          static_cast<long long>(kSettleTimeout.count()));
+      Settle();
+    }
+  });
 }
 
 void UringTransport::NoteRegistered(int delta) {
@@ -336,7 +366,31 @@ void UringTransport::NoteRegistered(int delta) {
   if (started != 0 && now == started && !all_registered_logged_.exchange(true)) {
     // Tests wait for this line (tests/util/e2e_util.h, kRingsRegistered).
     THINFS_LOG_INFO("FUSE over io_uring: all %u ring entries registered", started);
+    Settle();
   }
+}
+
+void UringTransport::OnSettled(std::function<void()> ready) {
+  {
+    MutexLock l(&settle_mu_);
+    if (!settled_) {
+      on_settled_ = std::move(ready);
+      return;
+    }
+  }
+  ready();
+}
+
+void UringTransport::Settle() {
+  std::function<void()> ready;
+  {
+    MutexLock l(&settle_mu_);
+    if (settled_) return;
+    settled_ = true;
+    ready = std::move(on_settled_);
+    settle_cv_.SignalAll();
+  }
+  if (ready) ready();
 }
 
 void UringTransport::Stop() {
@@ -346,6 +400,11 @@ void UringTransport::Stop() {
     if (stopped_) return;
     stopped_ = true;
     threads = std::move(threads_);
+  }
+  {
+    MutexLock l(&settle_mu_);
+    settle_stop_ = true;
+    settle_cv_.SignalAll();
   }
   if (stop_fd_ >= 0) {
     uint64_t one = 1;

@@ -49,6 +49,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -106,6 +107,16 @@ class UringTransport {
   unsigned entries_registered() const { return registered_.load(std::memory_order_acquire); }
   unsigned entries_started() const { return entries_started_.load(std::memory_order_acquire); }
 
+  // Calls `ready` once the rings have settled: the kernel holds every
+  // entry the threads were made to register; or the rings will not serve
+  // (the kernel did not offer them, INIT failed, no ring thread could be
+  // made); or kSettleTimeout passed since the threads started, for an
+  // entry that never registers (logged). At once if they already have.
+  // Serve reports the mount ready through it (fs/server.cc), so that a
+  // burst right after `thinfs mount` returns finds every entry in.
+  void OnSettled(std::function<void()> ready);
+  static constexpr std::chrono::seconds kSettleTimeout{5};
+
   // Ring threads started after this call wait `delay` before they register
   // their entry, but for each queue's pinned one: the kernel then serves
   // through the rings while most entries are not in, as on a loaded
@@ -149,9 +160,16 @@ class UringTransport {
   // See entries_registered(). entries_started_ is set once every ring
   // thread is made; NoteRegistered logs when both are equal.
   void NoteRegistered(int delta);
+  // Marks the rings settled and calls OnSettled's callback, once.
+  void Settle();
   std::atomic<unsigned> registered_{0};
   std::atomic<unsigned> entries_started_{0};
   std::atomic<bool> all_registered_logged_{false};
+  Mutex settle_mu_;
+  CondVar settle_cv_{&settle_mu_};  // settled, or Stop() began
+  bool settled_ GUARDED_BY(settle_mu_) = false;
+  bool settle_stop_ GUARDED_BY(settle_mu_) = false;
+  std::function<void()> on_settled_ GUARDED_BY(settle_mu_);
   std::vector<std::unique_ptr<Entry>> entries_ GUARDED_BY(mu_);  // freed by the destructor
   std::vector<std::thread> threads_ GUARDED_BY(mu_);
   bool stopped_ GUARDED_BY(mu_) = false;

@@ -21,6 +21,8 @@ set_tests_properties(MappingWalkTest.RandomOperationsMatchEngineReads PROPERTIES
 set_tests_properties(UringServerTest.EveryKindOfRequestRoundTripsThroughTheRings
   UringServerTest.ConcurrentClientsOnEveryCpuGetTheirOwnReplies
   UringServerTest.OffServesEverythingThroughDevFuse
+  UringServerTest.TheMountIsReadyOnceEveryRingEntryIsRegistered
+  UringServerTest.EntriesThatNeverRegisterDoNotHoldTheMountBack
   FuseTest.IoUringOptionChoosesTheTransport
   PROPERTIES RESOURCE_LOCK fuse_io_uring_knob)
 

@@ -398,7 +398,8 @@ std::string E2eTest::MountForeground(const std::string& options, std::chrono::se
       if (rings) {
         // The rings register just after INIT; until then requests take
         // /dev/fuse. statfs always reaches the daemon. Tests that count
-        // requests served at once need every entry in.
+        // requests served at once need every entry in, which `thinfs
+        // mount` waits for (fs/uring.h, OnSettled); this checks it.
         for (;;) {
           const std::string log = Log();
           const bool served = log.find(kFirstRingRequest, log_start) != std::string::npos;
