@@ -142,9 +142,14 @@ daemon_cpu_ticks() {
 
 # The machine's busy time so far, in clock ticks, over every CPU: user,
 # nice, system, irq, softirq and steal (the fields of /proc/stat's cpu
-# line but idle and iowait); then irq + softirq alone.
+# line but idle and iowait).
 machine_busy_ticks() {
-  awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9, $7 + $8}' /proc/stat
+  awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat
+}
+
+# The part of it in irq and softirq.
+machine_irq_ticks() {
+  awk '/^cpu / {print $7 + $8}' /proc/stat
 }
 
 # Context switches of every thread of process $1 so far, voluntary and

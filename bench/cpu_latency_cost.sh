@@ -58,7 +58,7 @@ trap cleanup EXIT
 # cpuidle).
 sample() {
   local busy poll=0 t
-  busy=$(awk '/^cpu /{print $2+$3+$4+$7+$8+$9}' /proc/stat)
+  busy=$(machine_busy_ticks)
   if [[ $cpuidle -eq 1 ]]; then
     for t in /sys/devices/system/cpu/cpu[0-9]*/cpuidle/state0/time; do
       poll=$((poll + $(cat "$t")))

@@ -48,7 +48,6 @@ cleanup() {
 trap cleanup EXIT
 
 label() { echo "${bins[$1]}${opts[$1]:+ -o ${opts[$1]}}"; }
-busy_ticks() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
 
 head -c "$bytes" /dev/urandom >"$work/src"
 mount_configs "$work" "$((2 * bytes + 512 * 1048576))"
@@ -85,9 +84,9 @@ read_once() {  # read_once CONFIG ROUND MODE [dd flag]
   sync
   echo 3 >/proc/sys/vm/drop_caches
   sleep "$wait"
-  a=$(disk_reads "$stat_file") c0=$(busy_ticks) t0=$(date +%s.%N)
+  a=$(disk_reads "$stat_file") c0=$(machine_busy_ticks) t0=$(date +%s.%N)
   dd if="$work/$i/ext4/file" of=/dev/null bs=1M ${flag:+"$flag"} status=none
-  t1=$(date +%s.%N) c1=$(busy_ticks) b=$(disk_reads "$stat_file")
+  t1=$(date +%s.%N) c1=$(machine_busy_ticks) b=$(disk_reads "$stat_file")
   python3 - "$a" "$b" "$t0" "$t1" "$c0" "$c1" "$bytes" "$r" "$(label "$i")" "$mode" <<'EOF'
 import os, sys
 (r0, s0), (r1, s1) = (map(int, x.split()) for x in sys.argv[1:3])

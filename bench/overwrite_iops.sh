@@ -72,27 +72,26 @@ fio --name=fill --filename="$file" --rw=write --bs=1M --size="$size" --end_fsync
   --ioengine=psync --output=/dev/null
 for _ in 1 2 3; do
   if [ "${COLD:-0}" = 1 ]; then evict_files "$file" "$backing"; fi
-  before=$(daemon_cpu_ticks "$pid")
+  daemon_before=$(daemon_cpu_ticks "$pid")
+  busy_before=$(machine_busy_ticks)
+  irq_before=$(machine_irq_ticks)
   switches_before=$(daemon_context_switches "$pid")
-  machine_before=$(machine_busy_ticks)
   fio --name=rw --filename="$file" --rw=randwrite --bs=4k --size="$size" --time_based \
     --runtime="$runtime" --ioengine=psync --output-format=json --output="$dir/out.json"
-  after=$(daemon_cpu_ticks "$pid")
+  daemon_after=$(daemon_cpu_ticks "$pid")
+  busy_after=$(machine_busy_ticks)
+  irq_after=$(machine_irq_ticks)
   switches_after=$(daemon_context_switches "$pid")
-  machine_after=$(machine_busy_ticks)
   python3 -c '
 import json, os, sys
 j = json.load(open(sys.argv[1]))["jobs"][0]["write"]
-ticks = int(sys.argv[3]) - int(sys.argv[2])
-cpu_us = ticks * 1e6 / os.sysconf("SC_CLK_TCK")
 writes = max(1, j["total_ios"])
-v0, n0 = map(int, sys.argv[4].split())
-v1, n1 = map(int, sys.argv[5].split())
-b0, i0 = map(int, sys.argv[6].split())
-b1, i1 = map(int, sys.argv[7].split())
-us = 1e6 / os.sysconf("SC_CLK_TCK") / writes
-print("iops", round(j["iops"]), "daemon_cpu_us_per_write", round(cpu_us / writes, 1),
-      "machine_cpu_us_per_write", round((b1 - b0) * us, 1), "irq_us", round((i1 - i0) * us, 2),
-      "switches_per_write", round((v1 - v0) / writes, 2), "involuntary", round((n1 - n0) / writes, 3))' \
-    "$dir/out.json" "$before" "$after" "$switches_before" "$switches_after" "$machine_before" "$machine_after"
+daemon, busy, irq = (int(a) - int(b) for b, a in zip(sys.argv[2:5], sys.argv[5:8]))
+voluntary, involuntary = (int(a) - int(b) for b, a in zip(sys.argv[8].split(), sys.argv[9].split()))
+us = 1e6 / os.sysconf("SC_CLK_TCK") / writes  # per tick, per write
+print("iops", round(j["iops"]), "daemon_cpu_us_per_write", round(daemon * us, 1),
+      "machine_cpu_us_per_write", round(busy * us, 1), "irq_us", round(irq * us, 2),
+      "switches_per_write", round(voluntary / writes, 2), "involuntary", round(involuntary / writes, 3))' \
+    "$dir/out.json" "$daemon_before" "$busy_before" "$irq_before" "$daemon_after" "$busy_after" \
+    "$irq_after" "$switches_before" "$switches_after"
 done

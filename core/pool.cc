@@ -2201,17 +2201,14 @@ Result<std::unique_ptr<Pool>> Pool::Open(std::unique_ptr<BlockDevice> data,
     // apart from the FUSE workers; named here, so that a thread has its
     // name by the time Open returns.
     Impl& p = *pool->impl_;
-    if (options.commit_interval.count() > 0) {
-      p.commit_thread = std::thread([&p] { p.CommitLoop(); });
-      pthread_setname_np(p.commit_thread.native_handle(), "thinfs-commit");
-    }
-    if (options.background_gc) {
-      p.gc_thread = std::thread([&p] { p.GcLoop(); });
-      pthread_setname_np(p.gc_thread.native_handle(), "thinfs-gc");
-    }
+    auto start = [&p](std::thread& thread, const char* name, void (Impl::*loop)()) {
+      thread = std::thread([&p, loop] { (p.*loop)(); });
+      pthread_setname_np(thread.native_handle(), name);
+    };
+    if (options.commit_interval.count() > 0) start(p.commit_thread, "thinfs-commit", &Impl::CommitLoop);
+    if (options.background_gc) start(p.gc_thread, "thinfs-gc", &Impl::GcLoop);
     if (options.background_copies && p.copies.capacity() > 0) {
-      p.copier_thread = std::thread([&p] { p.CopierLoop(); });
-      pthread_setname_np(p.copier_thread.native_handle(), "thinfs-copier");
+      start(p.copier_thread, "thinfs-copier", &Impl::CopierLoop);
     }
   }
   return pool;

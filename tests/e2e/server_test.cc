@@ -146,28 +146,15 @@ class ServerTest : public ::testing::Test {
         statvfs(mnt_.c_str(), &sv);
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
-      // And once the kernel holds every ring thread's entry: a burst that
-      // comes before is served by fewer threads (fs/uring.h). Serve
-      // reports ready only then (OnSettled); this checks it.
-      if (wait_for_ring_entries_) {
-        ASSERT_NO_FATAL_FAILURE(AwaitRingEntries(deadline));
+      // Serve reports ready only once the kernel holds every ring thread's
+      // entry (fs/uring.h, OnSettled), since a burst that comes before is
+      // served by fewer threads: one entry per thread of every queue.
+      if (check_ring_entries_) {
+        FuseTransportInfo t = CurrentFuseTransport();
+        EXPECT_EQ(t.ring_entries_registered, t.ring_entries);
+        EXPECT_EQ(t.ring_entries, t.queues * t.threads_per_queue);
       }
       uring_before_test_ = counts_.uring.load();
-    }
-  }
-
-  // Waits until the kernel holds every ring thread's entry, one per thread
-  // of every queue.
-  void AwaitRingEntries(std::chrono::steady_clock::time_point deadline) {
-    for (;;) {
-      FuseTransportInfo t = CurrentFuseTransport();
-      if (t.ring_entries > 0 && t.ring_entries_registered == t.ring_entries) {
-        EXPECT_EQ(t.ring_entries, t.queues * t.threads_per_queue);
-        return;
-      }
-      ASSERT_LT(std::chrono::steady_clock::now(), deadline)
-          << t.ring_entries_registered << " of " << t.ring_entries << " ring entries registered";
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
 
@@ -235,9 +222,9 @@ class ServerTest : public ::testing::Test {
   uint32_t readahead_bytes_ = 0;  // ServeConfig::readahead_bytes of the next Mount()
   bool serving_ = false;
   uint64_t uring_before_test_ = 0;  // counts_.uring once the rings served
-  // With io_uring, Mount() also waits until the kernel holds every ring
-  // entry (fs/uring.h, entries_registered()).
-  bool wait_for_ring_entries_ = true;
+  // With io_uring, Mount() also checks that the kernel holds every ring
+  // entry once Serve reported ready (fs/uring.h, entries_registered()).
+  bool check_ring_entries_ = true;
   unsigned uring_threads_ = ServeConfig{}.uring_threads;  // of the next Mount()
   // ServeConfig::io_uring of the next Mount(); kOn: Mount() returns once a
   // request came through a ring, and TearDown checks that the test's did.
@@ -1264,10 +1251,10 @@ class UringServerTest : public ServerTest {
 
   // Holds back every ring thread but each queue's pinned one by `delay`
   // before it registers (UringTransport::SetRegisterDelayForTesting), for
-  // the test's Mount(), which then waits for no more than Serve does.
+  // the test's Mount(), which then leaves the ring entries to the test.
   void DelayRegistration(std::chrono::milliseconds delay) {
     UringTransport::SetRegisterDelayForTesting(delay);
-    wait_for_ring_entries_ = false;
+    check_ring_entries_ = false;
   }
 };
 

@@ -398,8 +398,9 @@ std::string E2eTest::MountForeground(const std::string& options, std::chrono::se
       if (rings) {
         // The rings register just after INIT; until then requests take
         // /dev/fuse. statfs always reaches the daemon. Tests that count
-        // requests served at once need every entry in, which `thinfs
-        // mount` waits for (fs/uring.h, OnSettled); this checks it.
+        // requests served at once need every entry in: `thinfs mount` in
+        // the background returns only then (fs/uring.h, OnSettled), but a
+        // daemon in the foreground is mounted at INIT, so this waits.
         for (;;) {
           const std::string log = Log();
           const bool served = log.find(kFirstRingRequest, log_start) != std::string::npos;
