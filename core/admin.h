@@ -46,8 +46,9 @@ struct FuseTransportInfo {
   unsigned threads_per_queue = 0;  // io_uring: ring threads serving each
   uint64_t ring_requests = 0;      // io_uring: requests served through the rings
   // io_uring: ring entries made (one per ring thread), and how many of them
-  // the kernel holds now; fewer while the mount starts, or when a thread
-  // failed (its error is in the daemon's log).
+  // the kernel holds now; fewer when a thread failed or took more than
+  // UringTransport::kSettleTimeout to register, after which the mount is
+  // ready without it (the daemon's log says which).
   unsigned ring_entries = 0;
   unsigned ring_entries_registered = 0;
   std::optional<CpuLatencyInfo> cpu_latency;  // unset: the option is off

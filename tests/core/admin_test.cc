@@ -278,7 +278,7 @@ TEST_F(AdminTest, StatusShowsTheFuseTransport) {
             std::string::npos)
       << text;
 
-  // While the mount starts, or when a ring thread failed, the kernel holds
+  // When a ring thread failed or registered late, the kernel holds
   // fewer entries than there are threads: the text says so.
   ctx_.fuse_transport = rings(2, 16, 7, 17);
   v = ParseJson(Run("status", {{"json", "1"}}).json);
