@@ -1,5 +1,6 @@
 // RunMount: opens the pool (the only fs/ file that uses meta/) and serves it.
 
+#include <pthread.h>
 #include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -69,6 +70,7 @@ void BecomeIoFlusher() {
 // multi-threaded (nothing but exec runs in the child).
 void RunLowWaterCommand(const std::string& cmd, const std::string& pool_root, const PoolStats& s) {
   std::thread([cmd, pool_root, s] {
+    pthread_setname_np(pthread_self(), "thinfs-lowwater");
     std::vector<std::string> env_strings;
     for (char** e = environ; *e != nullptr; ++e) {
       if (std::strncmp(*e, "THINFS_", 7) != 0) env_strings.emplace_back(*e);

@@ -10,8 +10,10 @@
 #include <fuse_lowlevel.h>
 #include <linux/falloc.h>
 #include <linux/fuse.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -1208,13 +1210,24 @@ std::string EscapeOption(const std::string& s) {
   return out;
 }
 
-// libfuse's custom I/O hooks get the session's userdata: the Server.
-ssize_t UringRead(int fd, void* buf, size_t len, void* userdata) {
-  return static_cast<Server*>(userdata)->uring()->Read(fd, buf, len);
+// libfuse's custom I/O hooks, through which every /dev/fuse worker receives
+// and replies; they get the session's userdata, the Server. libfuse starts
+// and ends the workers itself (fuse_session_loop_mt), so each names itself
+// on its first receive, before it first waits: `top -H`, perf and gdb then
+// tell them from the main thread and the engine's threads (README "mount").
+ssize_t WorkerRead(int fd, void* buf, size_t len, void* userdata) {
+  thread_local bool named = false;
+  if (!named) {
+    pthread_setname_np(pthread_self(), "thinfs-fuse");
+    named = true;
+  }
+  UringTransport* rings = static_cast<Server*>(userdata)->uring();
+  return rings != nullptr ? rings->Read(fd, buf, len) : ::read(fd, buf, len);
 }
 
-ssize_t UringWritev(int fd, iovec* iov, int count, void* userdata) {
-  return static_cast<Server*>(userdata)->uring()->Writev(fd, iov, count);
+ssize_t WorkerWritev(int fd, iovec* iov, int count, void* userdata) {
+  UringTransport* rings = static_cast<Server*>(userdata)->uring();
+  return rings != nullptr ? rings->Writev(fd, iov, count) : ::writev(fd, iov, count);
 }
 
 }  // namespace
@@ -1251,20 +1264,19 @@ Status Serve(Pool* pool, const ServeConfig& config, std::function<void()> on_rea
   // Destroyed after the session (which closes the FUSE fd): its buffers
   // outlive every ring.
   std::unique_ptr<UringTransport> uring;
+  int fd = fuse_session_fd(se);
   if (config.io_uring != UringMode::kOff) {
-    int fd = fuse_session_fd(se);
     uring = std::make_unique<UringTransport>(se, fd, config.uring_threads, &server.counts().uring);
     server.set_uring(uring.get());
-    fuse_custom_io io{};
-    io.read = UringRead;
-    io.writev = UringWritev;
-    if (int rc = fuse_session_custom_io(se, &io, fd); rc != 0) {
-      THINFS_LOG_WARNING("FUSE over io_uring not set up (fuse_session_custom_io: %s); serving "
-                         "/dev/fuse only",
-                         strerror(-rc));
-      server.set_uring(nullptr);
-      uring.reset();
-    }
+  }
+  fuse_custom_io io{};
+  io.read = WorkerRead;
+  io.writev = WorkerWritev;
+  if (int rc = fuse_session_custom_io(se, &io, fd); rc != 0) {
+    THINFS_LOG_WARNING("fuse_session_custom_io: %s; serving /dev/fuse only, with unnamed workers",
+                       strerror(-rc));
+    server.set_uring(nullptr);
+    uring.reset();
   }
   {
     MutexLock l(&g_session_mu);

@@ -10,6 +10,7 @@
 #include <rocksdb/table.h>
 #include <rocksdb/utilities/checkpoint.h>
 #include <rocksdb/write_batch.h>
+#include <pthread.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -306,6 +307,22 @@ TunedOptions MakeOptions(const RocksDbOptions& o) {
   return t;
 }
 
+// RocksDB starts a process-wide timer thread for its periodic tasks
+// (flushing its log, dumping statistics) in the first DB::Open and does not
+// name it, so it would carry the name of the thread that opens: in the
+// daemon the main thread's, `thinfs-engine`, which is also the process's
+// (README "mount"). The opening thread wears "rocksdb:timer" while it
+// opens, and gets its own name back after.
+template <typename OpenFn>
+rocksdb::Status OpenNamingTheTimer(OpenFn open) {
+  char own[16] = {};
+  const bool saved = pthread_getname_np(pthread_self(), own, sizeof own) == 0;
+  if (saved) pthread_setname_np(pthread_self(), "rocksdb:timer");
+  rocksdb::Status s = open();
+  if (saved) pthread_setname_np(pthread_self(), own);
+  return s;
+}
+
 }  // namespace
 
 RocksDbStore::RocksDbStore(std::unique_ptr<Rep> rep) : rep_(std::move(rep)) {}
@@ -329,8 +346,9 @@ Result<std::unique_ptr<RocksDbStore>> RocksDbStore::Create(const std::string& di
   auto rep = std::make_unique<Rep>();
   rep->dir = dir;
   rep->bottommost_compression = t.bottommost_compression;
-  THINFS_RETURN_IF_ERROR(FromRocks(
-      rocksdb::DB::Open(t.db, dir, t.cfs, &rep->handles, &rep->db), "create " + dir));
+  rocksdb::Status opened = OpenNamingTheTimer(
+      [&] { return rocksdb::DB::Open(t.db, dir, t.cfs, &rep->handles, &rep->db); });
+  THINFS_RETURN_IF_ERROR(FromRocks(opened, "create " + dir));
   for (size_t i = 0; i < t.cfs.size(); ++i) rep->by_name[t.cfs[i].name] = rep->handles[i];
   rep->sb_cf = rep->by_name[dbformat::kSuperblockCf];
   rep->dev_cf = rep->by_name[dbformat::kDevicesCf];
@@ -379,10 +397,11 @@ Result<std::unique_ptr<RocksDbStore>> RocksDbStore::Open(const std::string& dir,
   rep->dir = dir;
   rep->read_only = options.read_only;
   rep->bottommost_compression = t.bottommost_compression;
-  rocksdb::Status s =
-      options.read_only
-          ? rocksdb::DB::OpenForReadOnly(t.db, dir, t.cfs, &rep->handles, &rep->db)
-          : rocksdb::DB::Open(t.db, dir, t.cfs, &rep->handles, &rep->db);
+  rocksdb::Status s = OpenNamingTheTimer([&] {
+    return options.read_only
+               ? rocksdb::DB::OpenForReadOnly(t.db, dir, t.cfs, &rep->handles, &rep->db)
+               : rocksdb::DB::Open(t.db, dir, t.cfs, &rep->handles, &rep->db);
+  });
   THINFS_RETURN_IF_ERROR(opened(s));
   for (size_t i = 0; i < t.cfs.size(); ++i) rep->by_name[t.cfs[i].name] = rep->handles[i];
   rep->sb_cf = rep->by_name[dbformat::kSuperblockCf];

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iterator>
 #include <memory>
 #include <set>
@@ -598,6 +599,74 @@ TEST_F(FuseTest, WorkersStartedForABurstStayForTheNext) {
   EXPECT_TRUE(ended.empty()) << ended.size() << " of the " << seen.size()
                              << " threads seen during the bursts ended after them";
   ASSERT_EQ(Unmount(), "");
+}
+
+// The daemon's threads are named (README "mount"), the FUSE workers that
+// libfuse starts included: each names itself `thinfs-fuse` on its first
+// receive (fs/server.cc, WorkerRead), with or without the rings. Only the
+// main thread keeps the program's name. Direct I/O from 8 threads at once
+// keeps workers busy, so libfuse starts more of them.
+TEST_F(FuseTest, EveryThreadButTheMainOneIsNamed) {
+  FormatPool("64M");
+  for (const std::string options : {"io_uring=off", ""}) {
+    SCOPED_TRACE("-o " + options);
+    ASSERT_EQ(MountForeground(options), "");
+    const std::vector<pid_t> daemons = FindMountDaemons(pool_);
+    ASSERT_EQ(daemons.size(), 1u);
+    const pid_t daemon = daemons[0];
+    constexpr int kThreads = 8;
+    std::atomic<int> failed{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      const std::string name = "v" + std::to_string(t);
+      Truncate(name, "4M");
+      threads.emplace_back([&, path = Vol(name)] {
+        const int fd = open(path.c_str(), O_RDWR | O_DIRECT);
+        void* buf = std::aligned_alloc(4096, 4096);
+        if (fd < 0 || buf == nullptr) {
+          ++failed;
+        } else {
+          std::memset(buf, 'x', 4096);
+          for (int i = 0; i < 200; ++i) {
+            const off_t off = static_cast<off_t>(i % 1024) * 4096;
+            if (pwrite(fd, buf, 4096, off) != 4096 || pread(fd, buf, 4096, off) != 4096) {
+              ++failed;
+            }
+          }
+        }
+        std::free(buf);
+        if (fd >= 0) close(fd);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    EXPECT_EQ(failed.load(), 0);
+    auto comm_of = [daemon](pid_t tid) {
+      std::string path = "/proc/";
+      path += std::to_string(daemon);
+      path += "/task/";
+      path += std::to_string(tid);
+      path += "/comm";
+      std::ifstream in(path);
+      std::string comm;
+      std::getline(in, comm);
+      return comm;  // "" if the thread has ended since it was listed
+    };
+    const std::string program = comm_of(daemon);
+    ASSERT_EQ(program, "thinfs-engine");
+    int workers = 0;
+    for (pid_t tid : ThreadsOf(daemon)) {
+      if (tid == daemon) continue;
+      const std::string comm = comm_of(tid);
+      if (comm.empty()) continue;
+      EXPECT_NE(comm, program) << "thread " << tid << " is unnamed";
+      EXPECT_TRUE(comm.starts_with("thinfs-") || comm.starts_with("rocksdb:"))
+          << "thread " << tid << " is named " << comm;
+      if (comm == "thinfs-fuse") ++workers;
+    }
+    // libfuse starts a second worker as soon as the first takes a request.
+    EXPECT_GE(workers, 2);
+    ASSERT_EQ(Unmount(), "");
+  }
 }
 
 TEST_F(FuseTest, FullPoolReportsEnospcToTheWriter) {
