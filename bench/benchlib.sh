@@ -135,6 +135,13 @@ umount_configs() {
   for i in "${mounted[@]}"; do "${bins[$i]}" umount "$work/$i/mnt" || true; done
 }
 
+# Writes every dirty page back and drops the whole page cache, every
+# layer's (as fio_compare.py's --cache cold does between jobs).
+drop_caches() {
+  sync
+  echo 3 >/proc/sys/vm/drop_caches
+}
+
 # Prints the CPU time (utime + stime, in clock ticks) process PID has used.
 daemon_cpu_ticks() {
   awk '{print $14 + $15}' "/proc/$1/stat"

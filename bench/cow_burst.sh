@@ -46,7 +46,6 @@ cleanup() {
 trap cleanup EXIT
 
 label() { echo "$(basename "$(dirname "${bins[$1]}")")/$(basename "${bins[$1]}")${opts[$1]:+ -o ${opts[$1]}}"; }
-cold() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 
 mount_configs "$work" "$((4 * bytes))"
 for i in "${!bins[@]}"; do
@@ -60,7 +59,7 @@ for r in $(seq 1 "$rounds"); do
   for i in "${!bins[@]}"; do
     d=$work/$i
     "${bins[$i]}" snapshot "$d/pool" vol w >/dev/null
-    cold
+    drop_caches
     fio --name=cow --filename="$d/mnt/w" --rw=randwrite --bs=4k --ioengine=psync --time_based \
       --runtime="$runtime" --randrepeat=0 --output-format=json --output="$d/fio.json"
     python3 - "$d/fio.json" "$r" "$(label "$i")" <<'EOF'
@@ -71,7 +70,7 @@ print(f"round {sys.argv[2]} {sys.argv[3]}: randwrite4k {w['iops']:.0f} IOPS, "
       f"p50 {p['50.000000'] / 1000:.0f} us, p99 {p['99.000000'] / 1000:.0f} us")
 EOF
     "${bins[$i]}" snapshot "$d/pool" vol b >/dev/null
-    cold
+    drop_caches
     python3 - "$d/mnt/b" "$burst" "$r" "$(label "$i")" <<'EOF'
 import os, random, sys, time
 path, secs = sys.argv[1], float(sys.argv[2])

@@ -53,8 +53,7 @@ done
 # Fields 1 and 3 of the stat file: read I/Os completed, sectors read.
 printf '%-6s %9s %12s %12s %12s %12s\n' target IOPS "fio MiB" "disk MiB" "disk/fio" "disk I/Os"
 for f in "$work/plain" "$work/mnt/vol" "$work/plain" "$work/mnt/vol"; do
-  sync
-  echo 3 > /proc/sys/vm/drop_caches
+  drop_caches
   read -r ios0 _ sectors0 _ < "$stat_file"
   fio --name=probe --filename="$f" "${args[@]}" --size=1G --invalidate=1 --randrepeat=0 \
     --output-format=json --output="$work/fio.json"

@@ -81,8 +81,7 @@ rm "$work/src"
 
 read_once() {  # read_once CONFIG ROUND MODE [dd flag]
   local i=$1 r=$2 mode=$3 flag=${4:-} a b t0 t1 c0 c1
-  sync
-  echo 3 >/proc/sys/vm/drop_caches
+  drop_caches
   sleep "$wait"
   a=$(disk_reads "$stat_file") c0=$(machine_busy_ticks) t0=$(date +%s.%N)
   dd if="$work/$i/ext4/file" of=/dev/null bs=1M ${flag:+"$flag"} status=none

@@ -123,8 +123,7 @@ sync
 run_job() {
   local f=$1 ios0 sec0 ios1 sec1 extra=()
   [[ $rw == write ]] && extra=(--end_fsync=1)
-  sync
-  echo 3 >/proc/sys/vm/drop_caches
+  drop_caches
   read -r ios0 sec0 < <("disk_${rw}s" "$stat_file")
   fio --name="$rw" --filename="$f" --rw="$rw" --bs=1M --size="$bytes" --ioengine=psync \
     --invalidate=1 "${extra[@]}" --output-format=json --output="$work/out.json"

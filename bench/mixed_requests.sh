@@ -70,12 +70,10 @@ EOF
 if [[ ${SNAPSHOT:-0} == 1 ]]; then
   for r in $(seq 1 "${ROUNDS:-3}"); do
     "$bin" snapshot "$dir/pool" vol snap >/dev/null
-    sync
-    echo 3 >/proc/sys/vm/drop_caches
+    drop_caches
     mixed_job "$dir/mnt/snap" "round $r snapshot"
     rm "$dir/mnt/snap"
-    sync
-    echo 3 >/proc/sys/vm/drop_caches
+    drop_caches
     mixed_job "$dir/mnt/vol" "round $r origin"
   done
 else

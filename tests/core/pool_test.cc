@@ -2,13 +2,12 @@
 // each bad input.
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <barrier>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <random>
@@ -20,6 +19,7 @@
 #include <vector>
 
 #include "tests/util/engine_fixture.h"
+#include "tests/util/pool_test_util.h"
 
 namespace thinfs {
 namespace {
@@ -27,6 +27,7 @@ namespace THINFS_TEST_FILE {  // unique per file in a unity build (tests/CMakeLi
 
 using testing::EngineFixture;
 using testing::Pattern;
+using testing::ThreadNames;
 
 constexpr uint64_t kBs = 4096;
 
@@ -1314,10 +1315,8 @@ TEST(PoolTest, ConcurrentWritersProvisionABlockOnce) {
 TEST(PoolTest, BackgroundThreadsAreNamedAndEndWithThePool) {
   auto count_named = [] {
     std::map<std::string, int> named;
-    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-      std::ifstream comm(task.path() / "comm");
-      std::string name;
-      if (std::getline(comm, name) && name.starts_with("thinfs-")) ++named[name];
+    for (const auto& [tid, name] : ThreadNames(getpid())) {
+      if (name.starts_with("thinfs-")) ++named[name];
     }
     return named;
   };

@@ -16,8 +16,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -28,6 +28,7 @@
 #include "tests/tools/json_parser.h"
 #include "tests/util/cache_file_fixture.h"
 #include "tests/util/e2e_util.h"
+#include "tests/util/pool_test_util.h"
 
 namespace thinfs::testing {
 namespace {
@@ -640,24 +641,12 @@ TEST_F(FuseTest, EveryThreadButTheMainOneIsNamed) {
     }
     for (std::thread& t : threads) t.join();
     EXPECT_EQ(failed.load(), 0);
-    auto comm_of = [daemon](pid_t tid) {
-      std::string path = "/proc/";
-      path += std::to_string(daemon);
-      path += "/task/";
-      path += std::to_string(tid);
-      path += "/comm";
-      std::ifstream in(path);
-      std::string comm;
-      std::getline(in, comm);
-      return comm;  // "" if the thread has ended since it was listed
-    };
-    const std::string program = comm_of(daemon);
+    std::map<pid_t, std::string> names = ThreadNames(daemon);
+    const std::string program = names[daemon];
     ASSERT_EQ(program, "thinfs-engine");
+    names.erase(daemon);
     int workers = 0;
-    for (pid_t tid : ThreadsOf(daemon)) {
-      if (tid == daemon) continue;
-      const std::string comm = comm_of(tid);
-      if (comm.empty()) continue;
+    for (const auto& [tid, comm] : names) {
       EXPECT_NE(comm, program) << "thread " << tid << " is unnamed";
       EXPECT_TRUE(comm.starts_with("thinfs-") || comm.starts_with("rocksdb:"))
           << "thread " << tid << " is named " << comm;

@@ -79,6 +79,19 @@ std::map<std::string, std::string> TreeDigest(const std::string& root) {
   return out;
 }
 
+std::map<pid_t, std::string> ThreadNames(pid_t pid) {
+  std::map<pid_t, std::string> names;
+  std::error_code ec;
+  for (const auto& task : stdfs::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    if (std::getline(comm, name)) {
+      names[static_cast<pid_t>(std::stol(task.path().filename().string()))] = name;
+    }
+  }
+  return names;
+}
+
 std::string ReadFileOrDie(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   THINFS_CHECK(in.good());

@@ -5,6 +5,8 @@
 #ifndef THINFS_TESTS_UTIL_POOL_TEST_UTIL_H_
 #define THINFS_TESTS_UTIL_POOL_TEST_UTIL_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <map>
 #include <string>
@@ -40,6 +42,10 @@ std::map<std::string, std::string> TreeDigest(const std::string& root);
 // "/dev/shm" when there is one, else "/tmp": for tests whose files should
 // cost no disk I/O (a tmpfs's fsync and write-back are free).
 std::string TmpfsOrTmp();
+
+// The name (comm) of each thread of process `pid`, by thread id, from
+// /proc/PID/task; a thread that ends while they are read is left out.
+std::map<pid_t, std::string> ThreadNames(pid_t pid);
 
 std::string ReadFileOrDie(const std::string& path);
 void WriteFileOrDie(const std::string& path, const std::string& content);
