@@ -372,8 +372,10 @@ Status FormatPool(const std::string& root, const FormatOptions& options) {
   sb.next_device_id = 1;
   undo.meta = true;
   {
+    RocksDbOptions store_options;
+    store_options.one_shot = true;  // format writes the superblock and closes
     Result<std::unique_ptr<RocksDbStore>> store =
-        RocksDbStore::Create(paths.meta, sb, RocksDbOptions());
+        RocksDbStore::Create(paths.meta, sb, store_options);
     if (!store.ok()) return store.status().WithContext("create metadata store " + paths.meta);
   }
 
@@ -468,6 +470,7 @@ Result<PoolFiles> OpenPoolFiles(const std::string& root, const OpenOptions& opti
   RocksDbOptions ro;
   ro.block_cache_bytes = options.block_cache_bytes;
   ro.read_only = options.read_only;
+  ro.one_shot = options.one_shot;
   Result<std::unique_ptr<RocksDbStore>> store = RocksDbStore::Open(f.paths.meta, ro);
   if (!store.ok()) return store.status().WithContext("metadata store " + f.paths.meta);
   f.store = std::move(*store);

@@ -106,6 +106,8 @@ struct OpenOptions {
   // (FileBlockDevice::EnableReadAround); 0 off.
   uint64_t read_around_bytes = 64 << 10;
   size_t block_cache_bytes = 64 << 20;
+  // RocksDbOptions::one_shot.
+  bool one_shot = false;
 };
 
 // Every open part of a pool. Members are destroyed in reverse order, so the

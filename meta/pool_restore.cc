@@ -276,6 +276,7 @@ Status Build(const std::string& dir, MetaBatch batch, const std::vector<uint32_t
   const uint64_t next_id = batch.superblock->next_device_id;
 
   RocksDbOptions store_options;
+  store_options.one_shot = true;
   THINFS_ASSIGN_OR_RETURN(std::unique_ptr<RocksDbStore> store,
                           RocksDbStore::Open(paths.meta, store_options));
   THINFS_ASSIGN_OR_RETURN(Superblock sb, store->ReadSuperblock());

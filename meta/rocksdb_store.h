@@ -37,6 +37,12 @@ struct RocksDbOptions {
   // Opens with DB::OpenForReadOnly: Commit() returns kReadOnly, and no
   // background work touches the files. Create() rejects it.
   bool read_only = false;
+  // The store serves one command and closes (the CLI's opens): it goes
+  // without what only a long-lived opener gains from, which every open
+  // would otherwise pay for: the block map's memtable prefix Bloom filter
+  // (3.2 MiB zeroed at open; read-only opens never have it), and RocksDB's
+  // 16 threads per column family that open the table files at once.
+  bool one_shot = false;
   // A rocksdb::Env* used for all file I/O (FaultInjectionFs::env() in
   // tests); nullptr selects the default Env. Not owned; must outlive the
   // store.
@@ -95,6 +101,12 @@ class RocksDbStore final : public MetadataStore {
 
   // Compacts every column family fully. Returns kIOError on failure.
   Status CompactForTesting();
+
+  // What RocksDbOptions::one_shot changes, as the open database applies
+  // it: the block map's memtable prefix Bloom filter as a share of the
+  // write buffer (0 for none), and the threads that open table files.
+  double MapMemtableBloomRatioForTesting() const;
+  int FileOpeningThreadsForTesting() const;
 
   // Writes a consistent point-in-time copy of the database into `dir`
   // (which must not exist; hard links where possible) with

@@ -156,6 +156,7 @@ Status CheckMountedPool(const meta::PoolPaths& paths, Report* r, bool* answered)
   const std::string& dir = checkpoint->dir();
   meta::RocksDbOptions store_options;
   store_options.read_only = true;
+  store_options.one_shot = true;
   THINFS_ASSIGN_OR_RETURN(std::unique_ptr<meta::RocksDbStore> store,
                           meta::RocksDbStore::Open(dir, store_options));
   ProgressLine progress("checking ");
@@ -268,6 +269,7 @@ int RunCheck(const std::vector<std::string>& args) {
   if (lock.ok()) {
     meta::RocksDbOptions store_options;
     store_options.read_only = read_only;
+    store_options.one_shot = true;
     Result<std::unique_ptr<meta::RocksDbStore>> store =
         meta::RocksDbStore::Open(paths.meta, store_options);
     if (!store.ok()) {

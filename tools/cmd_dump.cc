@@ -123,6 +123,7 @@ int RunDump(const std::vector<std::string>& args) {
   }
   meta::RocksDbOptions store_options;
   store_options.read_only = true;
+  store_options.one_shot = true;
   Result<std::unique_ptr<meta::RocksDbStore>> store = meta::RocksDbStore::Open(store_dir, store_options);
   if (!store.ok()) {
     return cl.Fail(kExitFailure, "metadata store " + paths.meta + ": " + store.status().message());

@@ -70,6 +70,7 @@ int RunFormat(const std::vector<std::string>& args) {
   // Reopening shows what was really written, and proves it opens.
   meta::OpenOptions open_options;
   open_options.read_only = true;
+  open_options.one_shot = true;
   Result<meta::PoolFiles> files = meta::OpenPoolFiles(pool, open_options);
   if (!files.ok()) return cl.Fail(kExitFailure, "formatted, but reopening failed: " +
                                                     files.status().message());
@@ -141,6 +142,7 @@ int RunStatus(const std::vector<std::string>& args) {
 
   meta::OpenOptions open_options;
   open_options.read_only = true;
+  open_options.one_shot = true;
   Result<meta::PoolFiles> files = meta::OpenPoolFiles(cl.Arg(0), open_options);
   if (!files.ok()) return cl.Fail(kExitFailure, files.status().message());
   Result<std::vector<DeviceRecord>> devices = files->store->LoadDevices();

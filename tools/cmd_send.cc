@@ -135,6 +135,7 @@ Result<std::unique_ptr<ReadView>> OpenForReading(const std::string& dir) {
   view->checkpoint = std::move(*cp);
   meta::RocksDbOptions options;
   options.read_only = true;
+  options.one_shot = true;
   THINFS_ASSIGN_OR_RETURN(view->checkpoint_store,
                           meta::RocksDbStore::Open(view->checkpoint->dir(), options));
   view->store = view->checkpoint_store.get();

@@ -8,6 +8,7 @@ namespace thinfs::tools {
 Result<std::unique_ptr<OpenPool>> OpenPoolHere(const std::string& dir, bool read_only) {
   meta::OpenOptions open_options;
   open_options.read_only = read_only;
+  open_options.one_shot = true;
   THINFS_ASSIGN_OR_RETURN(meta::PoolFiles files, meta::OpenPoolFiles(dir, open_options));
   auto out = std::make_unique<OpenPool>();
   out->sb = files.superblock;

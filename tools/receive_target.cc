@@ -185,6 +185,7 @@ class MountTarget final : public ReceiveTarget {
     if (!cp.ok()) return cp.status().WithContext("checkpoint of the mounted pool");
     meta::RocksDbOptions options;
     options.read_only = true;
+    options.one_shot = true;
     THINFS_ASSIGN_OR_RETURN(std::unique_ptr<meta::RocksDbStore> store,
                             meta::RocksDbStore::Open((*cp)->dir(), options));
     return read(*store);
