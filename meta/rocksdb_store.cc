@@ -260,8 +260,9 @@ TunedOptions MakeOptions(const RocksDbOptions& o) {
   t.db.max_log_file_size = 4 << 20;
   // RocksDB opens each column family's table files from
   // max_file_opening_threads threads (16 by default), started and joined
-  // whether there are files or not: 75 thread starts for our five, half
-  // of a CLI command's CPU on a VM where a clone costs 150 us.
+  // whether there are files or not: 75 thread starts for our five, about
+  // 40% of a CLI command's CPU on a VM where a clone costs 150 us
+  // (docs/benchmarks.md, lever 59).
   if (o.one_shot) t.db.max_file_opening_threads = 1;
 
   const std::vector<rocksdb::CompressionType> supported = rocksdb::GetSupportedCompressions();
