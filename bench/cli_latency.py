@@ -22,22 +22,23 @@ import os
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import run  # noqa: E402
 from fio_report import ministat  # noqa: E402
 
 COMMANDS = ["status", "list", "snapshot", "delete"]
 
 
-def timed(cmd):
-    """Runs cmd; returns (wall ms, CPU ms of the child)."""
+def timed_with_cpu(cmd):
+    """Runs cmd (it must succeed); returns (wall ms, CPU ms of the child).
+    benchlib.timed, plus the child's user and system time."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.monotonic()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    wall = (time.monotonic() - t0) * 1000
+    t0 = time.perf_counter()
+    run(cmd)
+    wall = (time.perf_counter() - t0) * 1000
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = ((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)) * 1000
     return wall, cpu
@@ -64,9 +65,8 @@ def main():
     try:
         for label, path in bins:
             pool = os.path.join(a.dir, label)
-            subprocess.run([path, "format", pool, "--size", "4G"], check=True, stdout=subprocess.DEVNULL)
-            subprocess.run([path, "create", pool, "base", "--size", "1G"], check=True,
-                           stdout=subprocess.DEVNULL)
+            run([path, "format", pool, "--size", "4G"])
+            run([path, "create", pool, "base", "--size", "1G"])
         res = {(label, c, k): [] for label, _ in bins for c in COMMANDS for k in ("wall", "cpu")}
         for r in range(a.rounds):
             for label, path in bins:
@@ -74,7 +74,7 @@ def main():
                 args = {"status": [pool], "list": [pool], "snapshot": [pool, "base", f"s{r}"],
                         "delete": [pool, f"s{r}"]}
                 for c in COMMANDS:
-                    wall, cpu = timed([path, c] + args[c])
+                    wall, cpu = timed_with_cpu([path, c] + args[c])
                     res[(label, c, "wall")].append(wall)
                     res[(label, c, "cpu")].append(cpu)
     finally:

@@ -24,6 +24,7 @@
 #include "tools/cli.h"
 #include "tools/daemon_checkpoint.h"
 #include "tools/json.h"
+#include "tools/pool_here.h"
 #include "tools/progress.h"
 
 namespace thinfs::tools {
@@ -154,11 +155,8 @@ Status CheckMountedPool(const meta::PoolPaths& paths, Report* r, bool* answered)
                           DaemonCheckpoint::Take(paths, ".check-", answered));
   if (!*answered) return Status::Ok();
   const std::string& dir = checkpoint->dir();
-  meta::RocksDbOptions store_options;
-  store_options.read_only = true;
-  store_options.one_shot = true;
   THINFS_ASSIGN_OR_RETURN(std::unique_ptr<meta::RocksDbStore> store,
-                          meta::RocksDbStore::Open(dir, store_options));
+                          OpenStoreHere(dir, /*read_only=*/true));
   ProgressLine progress("checking ");
   meta::CheckOptions options;
   options.max_listed = kMaxListed;
@@ -267,11 +265,7 @@ int RunCheck(const std::vector<std::string>& args) {
     }
   }
   if (lock.ok()) {
-    meta::RocksDbOptions store_options;
-    store_options.read_only = read_only;
-    store_options.one_shot = true;
-    Result<std::unique_ptr<meta::RocksDbStore>> store =
-        meta::RocksDbStore::Open(paths.meta, store_options);
+    Result<std::unique_ptr<meta::RocksDbStore>> store = OpenStoreHere(paths.meta, read_only);
     if (!store.ok()) {
       // A damaged store is a finding; anything else stops the check.
       if (!store.status().IsCorruption() && !store.status().IsNotFound()) {

@@ -25,6 +25,7 @@
 #include "meta/rocksdb_store.h"
 #include "tools/cli.h"
 #include "tools/daemon_checkpoint.h"
+#include "tools/pool_here.h"
 #include "tools/progress.h"
 
 namespace thinfs::tools {
@@ -121,10 +122,7 @@ int RunDump(const std::vector<std::string>& args) {
     checkpoint = std::move(*cp);
     store_dir = checkpoint->dir();
   }
-  meta::RocksDbOptions store_options;
-  store_options.read_only = true;
-  store_options.one_shot = true;
-  Result<std::unique_ptr<meta::RocksDbStore>> store = meta::RocksDbStore::Open(store_dir, store_options);
+  Result<std::unique_ptr<meta::RocksDbStore>> store = OpenStoreHere(store_dir, /*read_only=*/true);
   if (!store.ok()) {
     return cl.Fail(kExitFailure, "metadata store " + paths.meta + ": " + store.status().message());
   }

@@ -16,6 +16,7 @@
 #include "tools/cli.h"
 #include "tools/control_client.h"
 #include "tools/json.h"
+#include "tools/pool_here.h"
 
 namespace thinfs::tools {
 
@@ -68,10 +69,7 @@ int RunFormat(const std::vector<std::string>& args) {
   if (!s.ok()) return cl.Fail(s);
 
   // Reopening shows what was really written, and proves it opens.
-  meta::OpenOptions open_options;
-  open_options.read_only = true;
-  open_options.one_shot = true;
-  Result<meta::PoolFiles> files = meta::OpenPoolFiles(pool, open_options);
+  Result<meta::PoolFiles> files = OpenPoolFilesHere(pool, /*read_only=*/true);
   if (!files.ok()) return cl.Fail(kExitFailure, "formatted, but reopening failed: " +
                                                     files.status().message());
   const Superblock& sb = files->superblock;
@@ -140,10 +138,7 @@ int RunStatus(const std::vector<std::string>& args) {
     return kExitOk;
   }
 
-  meta::OpenOptions open_options;
-  open_options.read_only = true;
-  open_options.one_shot = true;
-  Result<meta::PoolFiles> files = meta::OpenPoolFiles(cl.Arg(0), open_options);
+  Result<meta::PoolFiles> files = OpenPoolFilesHere(cl.Arg(0), /*read_only=*/true);
   if (!files.ok()) return cl.Fail(kExitFailure, files.status().message());
   Result<std::vector<DeviceRecord>> devices = files->store->LoadDevices();
   if (!devices.ok()) return cl.Fail(kExitFailure, "device table: " + devices.status().message());

@@ -133,11 +133,8 @@ Result<std::unique_ptr<ReadView>> OpenForReading(const std::string& dir) {
   if (!answered) return here.status();
   if (!cp.ok()) return cp.status().WithContext("checkpoint of the mounted pool");
   view->checkpoint = std::move(*cp);
-  meta::RocksDbOptions options;
-  options.read_only = true;
-  options.one_shot = true;
   THINFS_ASSIGN_OR_RETURN(view->checkpoint_store,
-                          meta::RocksDbStore::Open(view->checkpoint->dir(), options));
+                          OpenStoreHere(view->checkpoint->dir(), /*read_only=*/true));
   view->store = view->checkpoint_store.get();
   THINFS_ASSIGN_OR_RETURN(view->sb, view->store->ReadSuperblock());
   return view;

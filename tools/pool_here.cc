@@ -5,11 +5,22 @@
 
 namespace thinfs::tools {
 
+Result<meta::PoolFiles> OpenPoolFilesHere(const std::string& dir, bool read_only) {
+  meta::OpenOptions options;
+  options.read_only = read_only;
+  options.one_shot = true;
+  return meta::OpenPoolFiles(dir, options);
+}
+
+Result<std::unique_ptr<meta::RocksDbStore>> OpenStoreHere(const std::string& dir, bool read_only) {
+  meta::RocksDbOptions options;
+  options.read_only = read_only;
+  options.one_shot = true;
+  return meta::RocksDbStore::Open(dir, options);
+}
+
 Result<std::unique_ptr<OpenPool>> OpenPoolHere(const std::string& dir, bool read_only) {
-  meta::OpenOptions open_options;
-  open_options.read_only = read_only;
-  open_options.one_shot = true;
-  THINFS_ASSIGN_OR_RETURN(meta::PoolFiles files, meta::OpenPoolFiles(dir, open_options));
+  THINFS_ASSIGN_OR_RETURN(meta::PoolFiles files, OpenPoolFilesHere(dir, read_only));
   auto out = std::make_unique<OpenPool>();
   out->sb = files.superblock;
   PoolOptions options;

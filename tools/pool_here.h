@@ -1,7 +1,9 @@
 // A pool opened by the CLI process itself, when no mount daemon serves it:
 // its files under the pool lock and the engine on them, committing every
 // change at once (nothing else writes here). Used by the device commands
-// (cmd_dev.cc) and by diff, send and receive (cmd_send.cc).
+// (cmd_dev.cc) and by diff, send and receive (cmd_send.cc). Also the CLI's
+// other opens of a pool's files or of a metadata store (status, format,
+// check, dump), all one-shot.
 //
 // Thread safety: single-threaded.
 
@@ -14,6 +16,7 @@
 #include "core/pool.h"
 #include "core/status.h"
 #include "meta/pool_dir.h"
+#include "meta/rocksdb_store.h"
 
 namespace thinfs::tools {
 
@@ -39,6 +42,14 @@ struct OpenPool {
 // when the pool is locked, e.g. mounted), or "cannot open pool DIR: ..."
 // when the engine refuses it.
 Result<std::unique_ptr<OpenPool>> OpenPoolHere(const std::string& dir, bool read_only);
+
+// Every store the CLI opens serves one command and closes, so each is
+// opened one-shot (RocksDbOptions::one_shot: none of what only the mount
+// daemon's long-lived store gains from; docs/benchmarks.md, lever 59).
+// OpenPoolFilesHere is meta::OpenPoolFiles so; OpenStoreHere opens the
+// metadata store in `dir` (a pool's meta/ or a daemon's checkpoint) so.
+Result<meta::PoolFiles> OpenPoolFilesHere(const std::string& dir, bool read_only);
+Result<std::unique_ptr<meta::RocksDbStore>> OpenStoreHere(const std::string& dir, bool read_only);
 
 }  // namespace thinfs::tools
 

@@ -183,11 +183,8 @@ class MountTarget final : public ReceiveTarget {
         DaemonCheckpoint::Take(paths_, ".receive-", &answered);
     if (!answered) return Status::IOError("the mount daemon of " + paths_.root + " went away");
     if (!cp.ok()) return cp.status().WithContext("checkpoint of the mounted pool");
-    meta::RocksDbOptions options;
-    options.read_only = true;
-    options.one_shot = true;
     THINFS_ASSIGN_OR_RETURN(std::unique_ptr<meta::RocksDbStore> store,
-                            meta::RocksDbStore::Open((*cp)->dir(), options));
+                            OpenStoreHere((*cp)->dir(), /*read_only=*/true));
     return read(*store);
   }
 
