@@ -40,8 +40,8 @@ struct RocksDbOptions {
   // The store serves one command and closes (the CLI's opens): it goes
   // without what only a long-lived opener gains from, which every open
   // would otherwise pay for: the block map's memtable prefix Bloom filter
-  // (3.2 MiB zeroed at open; read-only opens never have it), and RocksDB's
-  // 16 threads per column family that open the table files at once.
+  // (3.2 MiB zeroed at open; read-only opens never have it), and threads
+  // that open the table files at once (one thread opens them all).
   bool one_shot = false;
   // A rocksdb::Env* used for all file I/O (FaultInjectionFs::env() in
   // tests); nullptr selects the default Env. Not owned; must outlive the
@@ -104,9 +104,12 @@ class RocksDbStore final : public MetadataStore {
 
   // What RocksDbOptions::one_shot changes, as the open database applies
   // it: the block map's memtable prefix Bloom filter as a share of the
-  // write buffer (0 for none), and the threads that open table files.
+  // write buffer (0 for none), and the threads that open the table files:
+  // 1 for a one-shot open, else one per CPU the opening thread may run on
+  // (its affinity), kMaxTableOpeningThreads at most.
   double MapMemtableBloomRatioForTesting() const;
   int FileOpeningThreadsForTesting() const;
+  static constexpr int kMaxTableOpeningThreads = 4;
 
   // Writes a consistent point-in-time copy of the database into `dir`
   // (which must not exist; hard links where possible) with

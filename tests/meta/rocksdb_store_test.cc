@@ -4,8 +4,10 @@
 #include "meta/rocksdb_store.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -90,23 +92,21 @@ void ExpectEveryFlipDetected(RocksDbStore* store, const std::string& cf, const s
 
 // A one-shot open (the CLI's) goes without what only a long-lived writer
 // gains from: the map's memtable Bloom filter (3.2 MiB zeroed at open;
-// never for read-only opens) and RocksDB's 16 table-opening threads per
-// column family.
+// never for read-only opens) and threads that open table files beside
+// the opener (TableFilesOpenWithOneThreadPerCpu).
 TEST_F(RocksDbStoreTest, OneShotOpensSkipTheLongLivedWritersExtras) {
   EXPECT_EQ(store_->MapMemtableBloomRatioForTesting(), 0.05) << "created, defaults";
-  EXPECT_EQ(store_->FileOpeningThreadsForTesting(), 16) << "created, defaults";
   store_.reset();
   struct Case {
     const char* what;
     bool read_only;
     bool one_shot;
     double bloom;
-    int threads;
   };
-  const Case cases[] = {{"writer", false, false, 0.05, 16},
-                        {"one-shot writer", false, true, 0, 1},
-                        {"read-only", true, false, 0, 16},
-                        {"one-shot read-only", true, true, 0, 1}};
+  const Case cases[] = {{"writer", false, false, 0.05},
+                        {"one-shot writer", false, true, 0},
+                        {"read-only", true, false, 0},
+                        {"one-shot read-only", true, true, 0}};
   for (const Case& c : cases) {
     RocksDbOptions o;
     o.read_only = c.read_only;
@@ -114,15 +114,56 @@ TEST_F(RocksDbStoreTest, OneShotOpensSkipTheLongLivedWritersExtras) {
     auto s = RocksDbStore::Open(dir_, o);
     ASSERT_TRUE(s.ok()) << c.what << ": " << s.status().ToString();
     EXPECT_EQ((*s)->MapMemtableBloomRatioForTesting(), c.bloom) << c.what;
-    EXPECT_EQ((*s)->FileOpeningThreadsForTesting(), c.threads) << c.what;
   }
   RocksDbOptions o;
   o.one_shot = true;
   auto created = RocksDbStore::Create(root_ + "/meta2", sb_, o);
   ASSERT_TRUE(created.ok()) << created.status().ToString();
   EXPECT_EQ((*created)->MapMemtableBloomRatioForTesting(), 0.0) << "created one-shot";
-  EXPECT_EQ((*created)->FileOpeningThreadsForTesting(), 1) << "created one-shot";
   Reopen();
+}
+
+// A long-lived open (the daemon's) opens table files from one thread per
+// CPU the opener may run on, kMaxTableOpeningThreads at most, not
+// RocksDB's 16 (lever 60); pinned to one CPU, from one. A one-shot open
+// (the CLI's) always from one (lever 59).
+TEST_F(RocksDbStoreTest, TableFilesOpenWithOneThreadPerCpu) {
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof all, &all), 0);
+  const int want = std::min(CPU_COUNT(&all), RocksDbStore::kMaxTableOpeningThreads);
+  EXPECT_EQ(store_->FileOpeningThreadsForTesting(), want) << "created";
+  store_.reset();
+  for (bool read_only : {false, true}) {
+    for (bool one_shot : {false, true}) {
+      RocksDbOptions o;
+      o.read_only = read_only;
+      o.one_shot = one_shot;
+      auto s = RocksDbStore::Open(dir_, o);
+      ASSERT_TRUE(s.ok()) << s.status().ToString();
+      EXPECT_EQ((*s)->FileOpeningThreadsForTesting(), one_shot ? 1 : want)
+          << "read_only " << read_only << ", one_shot " << one_shot;
+    }
+  }
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &all)) {
+      CPU_SET(cpu, &one);
+      break;
+    }
+  }
+  ASSERT_EQ(::sched_setaffinity(0, sizeof one, &one), 0);
+  auto pinned = RocksDbStore::Open(dir_, {});
+  ASSERT_EQ(::sched_setaffinity(0, sizeof all, &all), 0);
+  ASSERT_TRUE(pinned.ok()) << pinned.status().ToString();
+  EXPECT_EQ((*pinned)->FileOpeningThreadsForTesting(), 1) << "pinned to one CPU";
+  pinned->reset();
+  RocksDbOptions o;
+  o.one_shot = true;
+  auto created = RocksDbStore::Create(root_ + "/meta2", sb_, o);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  EXPECT_EQ((*created)->FileOpeningThreadsForTesting(), 1) << "created one-shot";
 }
 
 TEST_F(RocksDbStoreTest, SuperblockCorruption) {
