@@ -949,28 +949,40 @@ TEST_F(FuseTest, ReadAroundOptionReadsTheWindowOfARandomRead) {
     const size_t data_bytes = static_cast<size_t>(st.st_size);
     Residency cache(data_fd, data_bytes);
     EXPECT_EQ(fdatasync(data_fd), 0);
-    EXPECT_EQ(posix_fadvise(data_fd, 0, 0, POSIX_FADV_DONTNEED), 0);
-    ASSERT_EQ(cache.Resident(0, data_bytes), 0u) << "the page cache kept pages of " << data;
 
-    const int fd = open(Vol("v").c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-    ASSERT_GE(fd, 0) << strerror(errno);
-    alignas(4096) static char buf[4096];
-    EXPECT_EQ(pread(fd, buf, sizeof buf, static_cast<off_t>(offset)),
-              static_cast<ssize_t>(sizeof buf));
-    close(fd);
-    EXPECT_TRUE(std::equal(buf, buf + sizeof buf, written.begin() + offset));
-    // The window's pages may land a little after the read's own (the
-    // probe on kernels without cachestat(2) reads its page apart).
+    // Up to five tries of the read, each from an empty cache: anything on
+    // the machine that drops caches (`echo 3 > drop_caches`, which other
+    // benchmarks on a shared VM run) or reclaims them between the read
+    // and the count takes the window's pages, and once left one page of
+    // a window of 16 (CI, 2026-12-07). A daemon that never reads the
+    // window fails every try.
     size_t resident = 0;
-    for (int i = 0; i < 100; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      resident = cache.Resident(0, data_bytes);
-      if (c.window != 0 ? resident >= c.window / page : i == 10) break;
+    std::string tries;
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      EXPECT_EQ(posix_fadvise(data_fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+      ASSERT_EQ(cache.Resident(0, data_bytes), 0u) << "the page cache kept pages of " << data;
+      const int fd = open(Vol("v").c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+      ASSERT_GE(fd, 0) << strerror(errno);
+      alignas(4096) static char buf[4096];
+      EXPECT_EQ(pread(fd, buf, sizeof buf, static_cast<off_t>(offset)),
+                static_cast<ssize_t>(sizeof buf));
+      close(fd);
+      EXPECT_TRUE(std::equal(buf, buf + sizeof buf, written.begin() + offset));
+      // The window's pages may land a little after the read's own (the
+      // probe on kernels without cachestat(2) reads its page apart).
+      for (int i = 0; i < 100; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        resident = cache.Resident(0, data_bytes);
+        if (c.window != 0 ? resident >= c.window / page : i == 10) break;
+      }
+      tries += " " + std::to_string(resident);
+      // Without a window, a drop only makes fewer pages: one try says it.
+      if (c.window == 0 || resident == c.window / page) break;
     }
     if (c.window == 0) {
       EXPECT_LT(resident, 16384 / page);
     } else {
-      EXPECT_EQ(resident, c.window / page);
+      EXPECT_EQ(resident, c.window / page) << "pages resident after each try:" << tries;
     }
     close(data_fd);
     ASSERT_EQ(Unmount(), "");
