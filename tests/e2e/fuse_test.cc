@@ -390,7 +390,9 @@ TEST_F(FuseTest, DirectReadsOfAnODirectOpenerLeavePoolDataUncached) {
     EXPECT_EQ(ReadDirect(Vol(v + "s"), size), snapped) << "direct_reads " << direct_reads;
     const size_t after = residency.Resident(0, data_bytes);
     if (direct_reads) {
-      EXPECT_EQ(after, before) << "O_DIRECT reads filled pool/data's cache";
+      // At most as many: a cache drop elsewhere on the machine may take
+      // pages in between, never add them.
+      EXPECT_LE(after, before) << "O_DIRECT reads filled pool/data's cache";
       // ext4 on a loop device would cache what it reads: the device alone,
       // through the loop's direct I/O, with dd reading it both ways.
       const std::string loop = AttachLoop(Vol(v), /*direct_io=*/true);
@@ -954,8 +956,9 @@ TEST_F(FuseTest, ReadAroundOptionReadsTheWindowOfARandomRead) {
     // the machine that drops caches (`echo 3 > drop_caches`, which other
     // benchmarks on a shared VM run) or reclaims them between the read
     // and the count takes the window's pages, and once left one page of
-    // a window of 16 (CI, 2026-12-07). A daemon that never reads the
-    // window fails every try.
+    // a window of 16 (a fresh clone, 2026-12-07, beside a stray loop of
+    // `echo 2 > drop_caches`). A daemon that never reads the window fails
+    // every try.
     size_t resident = 0;
     std::string tries;
     for (int attempt = 0; attempt < 5; ++attempt) {
