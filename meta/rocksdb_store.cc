@@ -272,8 +272,8 @@ TunedOptions MakeOptions(const RocksDbOptions& o) {
   // column families: about 40% of a CLI command's CPU on a VM where a
   // clone costs 150 us, so a one-shot open uses one (docs/benchmarks.md,
   // lever 59). The daemon opens once per mount and gets one per CPU: on
-  // 2 CPUs, 2 threads opened 32 table files in half to two thirds of the
-  // time of 1, 4 files as fast as 1, and both faster than 16 (lever 60).
+  // 2 CPUs, 2 threads opened 32 table files in 52-73% of the time of 1,
+  // 4 files as fast as 1, and both faster than 16 (lever 60).
   t.db.max_file_opening_threads = o.one_shot ? 1 : TableOpeningThreads();
 
   const std::vector<rocksdb::CompressionType> supported = rocksdb::GetSupportedCompressions();
