@@ -48,16 +48,18 @@ void Check(const rocksdb::Status& s, const std::string& what) {
   if (!s.ok()) Die(what + ": " + s.ToString());
 }
 
+int Positive(const std::string& arg) {
+  char* end = nullptr;
+  const long v = std::strtol(arg.c_str(), &end, 10);
+  if (arg.empty() || *end != '\0' || v < 1 || v > 1 << 30) Die("not a positive number: " + arg);
+  return static_cast<int>(v);
+}
+
 std::vector<int> IntList(const std::string& arg) {
   std::vector<int> out;
   std::stringstream in(arg);
   std::string item;
-  while (std::getline(in, item, ',')) {
-    char* end = nullptr;
-    const long v = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || v < 1) Die("not a list of positive numbers: " + arg);
-    out.push_back(static_cast<int>(v));
-  }
+  while (std::getline(in, item, ',')) out.push_back(Positive(item));
   if (out.empty()) Die("empty list");
   return out;
 }
@@ -173,7 +175,7 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--open-once" && argc == 4) {  // the child of OpenInChild
-      std::printf("%.1f\n", TimedOpen(argv[2], IntList(argv[3]).front()));
+      std::printf("%.1f\n", TimedOpen(argv[2], Positive(argv[3])));
       return 0;
     }
     if (a == "--dir") {
@@ -183,9 +185,9 @@ int main(int argc, char** argv) {
     } else if (a == "--threads") {
       thread_counts = IntList(value());
     } else if (a == "--rounds") {
-      rounds = IntList(value()).front();
+      rounds = Positive(value());
     } else if (a == "--keys") {
-      keys = IntList(value()).front();
+      keys = Positive(value());
     } else if (a == "--cold") {
       cold = true;
     } else if (a == "-h" || a == "--help") {

@@ -63,22 +63,26 @@ std::map<std::string, std::string> TreeDigest(const std::string& root) {
       XXH64_state_t* h = XXH64_createState();
       XXH64_reset(h, 0);
       constexpr off_t kPage = 4096;
-      std::string page(kPage, '\0');
-      off_t next = 0;  // the first page not yet hashed
+      std::string buf(1 << 20, '\0');  // read in 1 MiB pieces, hashed by page
+      off_t next = 0;                  // the first page not yet hashed
       while (true) {
         const off_t data = ::lseek(fd, next, SEEK_DATA);
         if (data < 0) break;
         const off_t hole = ::lseek(fd, data, SEEK_HOLE);
-        for (off_t p = std::max(next, data / kPage * kPage); p < hole; p += kPage) {
-          const ssize_t n = ::pread(fd, page.data(), kPage, p);
+        for (off_t p = std::max(next, data / kPage * kPage); p < hole;) {
+          const ssize_t n = ::pread(fd, buf.data(), buf.size(), p);
           THINFS_CHECK(n > 0);
-          const bool zeros =
-              std::all_of(page.begin(), page.begin() + n, [](char c) { return c == 0; });
-          if (!zeros) {
-            XXH64_update(h, &p, sizeof p);
-            XXH64_update(h, page.data(), static_cast<size_t>(n));
+          for (ssize_t at = 0; at < n; at += kPage) {
+            const char* page = buf.data() + at;
+            const size_t len = static_cast<size_t>(std::min<ssize_t>(kPage, n - at));
+            if (std::any_of(page, page + len, [](char c) { return c != 0; })) {
+              const off_t offset = p + at;
+              XXH64_update(h, &offset, sizeof offset);
+              XXH64_update(h, page, len);
+            }
           }
-          next = p + kPage;
+          p += n;
+          next = (p + kPage - 1) / kPage * kPage;
         }
         if (next < hole) next = hole;
       }
