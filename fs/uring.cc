@@ -161,10 +161,22 @@ struct UringTransport::Entry {
 namespace {
 thread_local UringTransport::Entry* tls_entry = nullptr;
 std::atomic<int64_t> register_delay_ms_for_testing{0};
+Mutex init_hook_mu;
+std::function<void(UringTransport::InitStage)> init_hook_for_testing GUARDED_BY(init_hook_mu);
+
+void RunInitHook(UringTransport::InitStage stage) {
+  MutexLock l(&init_hook_mu);
+  if (init_hook_for_testing) init_hook_for_testing(stage);
+}
 }  // namespace
 
 void UringTransport::SetRegisterDelayForTesting(std::chrono::milliseconds delay) {
   register_delay_ms_for_testing.store(delay.count());
+}
+
+void UringTransport::SetInitHookForTesting(std::function<void(InitStage)> hook) {
+  MutexLock l(&init_hook_mu);
+  init_hook_for_testing = std::move(hook);
 }
 
 std::string UringUnavailableReason() {
@@ -205,6 +217,7 @@ ssize_t UringTransport::Read(int fd, void* buf, size_t len) {
       std::memcpy(&arg, in + 1, offsetof(fuse_init_in, flags2) + 4);
       offered_.store((arg.flags & FUSE_INIT_EXT) != 0 && (arg.flags2 & kFuseOverIoUring2) != 0);
       init_unique_.store(in->unique);
+      RunInitHook(InitStage::kInitRead);
     }
   }
   return n;
@@ -243,10 +256,16 @@ ssize_t UringTransport::Writev(int fd, iovec* iov, int count) {
   // libfuse 3.14 sends the whole struct; a layout of another size is not
   // one we know how to patch.
   const bool known = arg_size >= offsetof(fuse_init_out, flags2) + 4 && arg_size <= sizeof arg;
-  if (out.error != 0 || !offered_.load() || !known) {
+  // The kernel takes io_uring for the connection only if its knob is still
+  // on when it reads this reply. If the knob went off since the offer (the
+  // test suite turns it on and back off), the rings would be refused:
+  // don't ask. It can still go off after this look; Run copes with that.
+  const bool knob_off = offered_.load() && !UringUnavailableReason().empty();
+  if (out.error != 0 || !offered_.load() || !known || knob_off) {
     THINFS_LOG_INFO("FUSE requests through /dev/fuse (%s)",
                     !offered_.load() ? "the kernel does not offer io_uring"
                     : !known         ? "INIT reply of an unknown size"
+                    : knob_off       ? "the kernel's knob enable_uring went off after its offer"
                                      : "INIT failed");
     ssize_t n = ::writev(fd, iov, count);
     Settle();  // no ring will serve
@@ -256,6 +275,7 @@ ssize_t UringTransport::Writev(int fd, iovec* iov, int count) {
   arg.flags |= FUSE_INIT_EXT;
   arg.flags2 |= kFuseOverIoUring2;
   iovec patched[2] = {iov[0], {&arg, arg_size}};
+  RunInitHook(InitStage::kReplyAsksForRings);
   ssize_t n = ::writev(fd, patched, 2);
   // The kernel has processed INIT once the write returns: rings may register.
   if (n >= 0) StartThreads(arg.max_write, arg.max_pages);
@@ -330,7 +350,7 @@ void UringTransport::StartThreads(uint32_t max_write, uint32_t max_pages) {
   }
   THINFS_LOG_INFO("FUSE over io_uring: %u queues, %u ring threads each, %zu-byte payloads",
                   queues_, per_queue, payload);
-  entries_started_.store(static_cast<unsigned>(threads_.size()), std::memory_order_release);
+  entries_started_.store(static_cast<unsigned>(threads_.size()));
   if (threads_.empty()) return;
   // Settles the rings after kSettleTimeout if some entry never registers,
   // so that the mount is reported ready anyway (it is served, by fewer
@@ -358,16 +378,40 @@ void UringTransport::StartThreads(uint32_t max_write, uint32_t max_pages) {
 }
 
 void UringTransport::NoteRegistered(int delta) {
-  unsigned now = registered_.fetch_add(static_cast<unsigned>(delta), std::memory_order_acq_rel) +
-                 static_cast<unsigned>(delta);
-  unsigned started = entries_started_.load(std::memory_order_acquire);
-  // Whichever of the last registration and StartThreads's store comes
-  // second sees both.
-  if (started != 0 && now == started && !all_registered_logged_.exchange(true)) {
+  registered_.fetch_add(static_cast<unsigned>(delta));
+  SettleIfAllAccountedFor();
+}
+
+void UringTransport::NoteRefused(int error) {
+  // After the entry left registered_ (if it was in): the sum of the two
+  // may fall short for a moment, never pass for complete too early.
+  if (error == EOPNOTSUPP) connection_refused_.store(true);
+  if (refused_.fetch_add(1) == 0) {
+    THINFS_LOG_WARNING(
+        "FUSE over io_uring: the kernel refused a ring entry of this mount: %s%s", strerror(error),
+        error == EOPNOTSUPP ? " (was the knob enable_uring turned off between INIT and our reply?)"
+                            : "");
+  }
+  SettleIfAllAccountedFor();
+}
+
+void UringTransport::SettleIfAllAccountedFor() {
+  // Sequentially consistent: whichever of the last change to the three
+  // counts comes last sees all of them.
+  unsigned started = entries_started_.load();
+  if (started == 0) return;
+  unsigned refused = refused_.load();
+  unsigned registered = registered_.load();
+  if (registered + refused != started || all_registered_logged_.exchange(true)) return;
+  if (refused == 0) {
     // Tests wait for this line (tests/util/e2e_util.h, kRingsRegistered).
     THINFS_LOG_INFO("FUSE over io_uring: all %u ring entries registered", started);
-    Settle();
+  } else {
+    THINFS_LOG_WARNING(
+        "FUSE over io_uring: the kernel refused %u of %u ring entries; %s", refused, started,
+        registered == 0 ? "requests go through /dev/fuse" : "the others serve the mount");
   }
+  Settle();
 }
 
 void UringTransport::OnSettled(std::function<void()> ready) {
@@ -457,23 +501,47 @@ void UringTransport::Run(Entry* e) {
   if (int64_t ms = register_delay_ms_for_testing.load(); ms > 0 && !e->pinned) {
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
   }
-  // The kernel takes the entry while io_uring_enter submits the command (it
-  // completes only with a request, or at once with an error): so it holds
-  // the entry once the submit returns, unless an error CQE follows.
+  // The kernel takes the entry while io_uring_enter submits the command:
+  // the command completes only with a request, or with an error, and an
+  // error it meets before taking the entry is in the CQ once the submit
+  // returns. So the entry counts as registered when the submit returned
+  // and no error of it is in the CQ; counting it before looking had the
+  // count reach every entry for a moment while the kernel refused them
+  // all.
+  bool counted = false;  // this entry is in registered_
   auto register_entry = [&] {
+    if (connection_refused_.load()) {
+      // Another entry was refused with EOPNOTSUPP: the connection has no
+      // io_uring. Linux 6.18 still takes an entry while the knob is on
+      // (it checks the knob or the connection), and replies through such
+      // entries fail once the knob goes off: their requests would hang.
+      NoteRefused(EOPNOTSUPP);
+      return false;
+    }
     submit_cmd(kCmdRegister, 0);
     int n = io_uring_submit(&ring);
     if (n < 0) {
       THINFS_LOG_ERROR("FUSE over io_uring: io_uring_enter: %s; queue %u has one entry less",
                        strerror(-n), e->qid);
+      NoteRefused(-n);
       return false;
     }
-    NoteRegistered(1);
+    bool failed_at_once = false;
+    unsigned head;
+    io_uring_cqe* cqe;
+    io_uring_for_each_cqe(&ring, head, cqe) {
+      if (cqe->user_data == kEntryTag && cqe->res < 0) failed_at_once = true;
+    }
+    if (!failed_at_once) {
+      counted = true;
+      NoteRegistered(1);
+    }
     return true;
   };
   bool entry_live = register_entry();
 
   int not_ready = 0;
+  bool served_one = false;
   bool done = false;
   while (!done && entry_live) {
     rc = io_uring_submit_and_wait(&ring, 1);
@@ -490,7 +558,10 @@ void UringTransport::Run(Entry* e) {
         done = true;
         continue;
       }
-      if (res < 0) NoteRegistered(-1);  // the kernel let go of the entry
+      if (res < 0 && counted) {
+        counted = false;
+        NoteRegistered(-1);  // the kernel let go of the entry
+      }
       if (res == -EAGAIN && not_ready++ < 5000) {
         // INIT not processed yet (it is, once our INIT reply was written).
         usleep(1000);
@@ -500,11 +571,17 @@ void UringTransport::Run(Entry* e) {
       if (res < 0) {
         // ENOTCONN/ECONNABORTED: the connection ended (unmount, abort).
         if (res != -ENOTCONN && res != -ECONNABORTED && res != -ECANCELED) {
-          THINFS_LOG_ERROR("FUSE over io_uring: queue %u: %s", e->qid, strerror(-res));
+          if (served_one) {
+            THINFS_LOG_ERROR("FUSE over io_uring: queue %u: %s", e->qid, strerror(-res));
+          } else {
+            // Never taken: the mount's readiness must not wait for it.
+            NoteRefused(-res);
+          }
         }
         entry_live = false;
         continue;
       }
+      served_one = true;
       ServeEntry(e);
       submit_cmd(kCmdCommitAndFetch, e->commit_id);
     }

@@ -110,8 +110,9 @@ class UringTransport {
   // Calls `ready` once the rings have settled: the kernel holds every
   // entry the threads were made to register; or the rings will not serve
   // (the kernel did not offer them, INIT failed, no ring thread could be
-  // made); or kSettleTimeout passed since the threads started, for an
-  // entry that never registers (logged). At once if they already have.
+  // made); or every entry the kernel does not hold it refused (logged); or
+  // kSettleTimeout passed since the threads started, for an entry that
+  // never registers (logged). At once if they already have.
   // Serve reports the mount ready through it (fs/server.cc), so that a
   // burst right after `thinfs mount` returns finds every entry in.
   void OnSettled(std::function<void()> ready);
@@ -122,6 +123,12 @@ class UringTransport {
   // through the rings while most entries are not in, as on a loaded
   // machine. Zero (the default) for no wait.
   static void SetRegisterDelayForTesting(std::chrono::milliseconds delay);
+  // `hook` runs with kInitRead once Read has seen the kernel's INIT, and
+  // with kReplyAsksForRings just before the INIT reply that asks for the
+  // rings is written (null: nothing): a test's way to turn the kernel's
+  // knob off at either point. Set before the mount.
+  enum class InitStage { kInitRead, kReplyAsksForRings };
+  static void SetInitHookForTesting(std::function<void(InitStage)> hook);
 
   // The libfuse hooks (through the session's userdata: fs/server.cc).
   ssize_t Read(int fd, void* buf, size_t len);
@@ -158,12 +165,22 @@ class UringTransport {
   unsigned queues_ = 0;
   unsigned per_queue_ = 0;
   // See entries_registered(). entries_started_ is set once every ring
-  // thread is made; NoteRegistered logs when both are equal.
+  // thread is made; SettleIfAllAccountedFor logs when the entries
+  // registered and refused add up to it.
   void NoteRegistered(int delta);
+  // An entry the kernel refused for good (not a connection's end), with
+  // the error it gave: it will never be registered. After an EOPNOTSUPP the
+  // connection has no io_uring, and entries not yet registered are not
+  // offered (see Run).
+  void NoteRefused(int error);
+  std::atomic<bool> connection_refused_{false};
+  // Settles once every entry is either registered or refused.
+  void SettleIfAllAccountedFor();
   // Marks the rings settled and calls OnSettled's callback, once.
   void Settle();
   std::atomic<unsigned> registered_{0};
   std::atomic<unsigned> entries_started_{0};
+  std::atomic<unsigned> refused_{0};
   std::atomic<bool> all_registered_logged_{false};
   Mutex settle_mu_;
   CondVar settle_cv_{&settle_mu_};  // settled, or Stop() began

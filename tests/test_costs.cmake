@@ -23,6 +23,8 @@ set_tests_properties(UringServerTest.EveryKindOfRequestRoundTripsThroughTheRings
   UringServerTest.OffServesEverythingThroughDevFuse
   UringServerTest.TheMountIsReadyOnceEveryRingEntryIsRegistered
   UringServerTest.EntriesThatNeverRegisterDoNotHoldTheMountBack
+  UringServerTest.EntriesTheKernelRefusesDoNotHoldTheMountBack
+  UringServerTest.AKnobTurnedOffAfterTheOfferIsHeeded
   FuseTest.IoUringOptionChoosesTheTransport
   PROPERTIES RESOURCE_LOCK fuse_io_uring_knob)
 
