@@ -8,7 +8,8 @@
 #   3. clang with ASan+UBSan in build-asan/: the unit, end-to-end and
 #      regression tests again (the daemon runs under the sanitizers too);
 #   4. clang with TSan in build-tsan/: the engine's concurrency tests
-#      (scripts/tsan.sh);
+#      (scripts/tsan.sh), beside the benchmarks' runs, before step 3's
+#      tests;
 #   5. the Debian package built from build-test/, installed, used through
 #      its installed files only, and purged (scripts/package-test.sh).
 # Exits non-zero if any build or test fails. Needs root (mounts, losetup,
@@ -67,6 +68,13 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTHINFS_WERROR=ON -DTHINFS_SA
   -DTHINFS_PCH=ON -DTHINFS_UNITY=ON -DTHINFS_BENCH=OFF -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
 cmake --build build-asan -j2
 
+# The engine's concurrency tests under TSan use no page cache, mount or
+# loop device: they run beside the benchmarks' quick runs, which the
+# ASan+UBSan build above usually ends before (docs/benchmarks.md, "How long
+# the CI takes").
+echo "== clang TSan build and the concurrency tests (build-tsan/), beside the benchmarks' quick runs"
+bash scripts/tsan.sh
+
 echo "== the benchmarks' quick runs, started after the gcc tests: their output"
 bench_status=0
 wait "$bench_pid" || bench_status=$?
@@ -77,14 +85,12 @@ if ((bench_status != 0)); then
   exit 1
 fi
 
+echo "== the ASan+UBSan tests (build-asan/)"
 # Fewer random seeds under the sanitizers (each run is ~5x slower); the
 # gcc run above covers the default counts.
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   THINFS_MODEL_SEEDS=12 THINFS_POWERLOSS_SEEDS=3 THINFS_KILL_ITERATIONS=8 \
   ctest --test-dir build-asan --output-on-failure -j2 -L '^(core|meta|tools|e2e|regress)$'
-
-echo "== clang TSan build and the concurrency tests (build-tsan/)"
-bash scripts/tsan.sh
 
 echo "== Debian package: build, install, use, purge"
 THINFS_PKG_BUILD_DIR=build-test bash scripts/package-test.sh
