@@ -259,7 +259,7 @@ ssize_t UringTransport::Writev(int fd, iovec* iov, int count) {
   // The kernel takes io_uring for the connection only if its knob is still
   // on when it reads this reply. If the knob went off since the offer (the
   // test suite turns it on and back off), the rings would be refused:
-  // don't ask. It can still go off after this look; Run copes with that.
+  // don't ask. It is looked at again once the reply is written.
   const bool knob_off = offered_.load() && !UringUnavailableReason().empty();
   if (out.error != 0 || !offered_.load() || !known || knob_off) {
     THINFS_LOG_INFO("FUSE requests through /dev/fuse (%s)",
@@ -277,6 +277,20 @@ ssize_t UringTransport::Writev(int fd, iovec* iov, int count) {
   iovec patched[2] = {iov[0], {&arg, arg_size}};
   RunInitHook(InitStage::kReplyAsksForRings);
   ssize_t n = ::writev(fd, patched, 2);
+  RunInitHook(InitStage::kReplyWritten);
+  // If the knob is off now, it may have been off while the kernel read the
+  // reply: then the connection has no io_uring. Linux 6.18 still takes
+  // ring entries on such a connection while the knob is on, routes
+  // requests to them, and refuses their replies once it is off: the
+  // requests hang. So no entry is offered. (Off and back on within this
+  // write is not caught: Run stops offering at the first refusal.)
+  if (n >= 0 && !UringUnavailableReason().empty()) {
+    THINFS_LOG_INFO(
+        "FUSE requests through /dev/fuse (the kernel's knob enable_uring went off while the "
+        "kernel read our INIT reply)");
+    Settle();  // no ring will serve
+    return n;
+  }
   // The kernel has processed INIT once the write returns: rings may register.
   if (n >= 0) StartThreads(arg.max_write, arg.max_pages);
   if (n < 0 || entries_started() == 0) {
@@ -538,6 +552,7 @@ void UringTransport::Run(Entry* e) {
     }
     return true;
   };
+  RunInitHook(InitStage::kRegistering);
   bool entry_live = register_entry();
 
   int not_ready = 0;

@@ -123,11 +123,13 @@ class UringTransport {
   // through the rings while most entries are not in, as on a loaded
   // machine. Zero (the default) for no wait.
   static void SetRegisterDelayForTesting(std::chrono::milliseconds delay);
-  // `hook` runs with kInitRead once Read has seen the kernel's INIT, and
-  // with kReplyAsksForRings just before the INIT reply that asks for the
-  // rings is written (null: nothing): a test's way to turn the kernel's
-  // knob off at either point. Set before the mount.
-  enum class InitStage { kInitRead, kReplyAsksForRings };
+  // `hook` runs with kInitRead once Read has seen the kernel's INIT, with
+  // kReplyAsksForRings just before the INIT reply that asks for the rings
+  // is written, with kReplyWritten just after, and with kRegistering in
+  // each ring thread before it registers its entry (null: nothing): a
+  // test's way to turn the kernel's knob on or off at those points. Set
+  // before the mount.
+  enum class InitStage { kInitRead, kReplyAsksForRings, kReplyWritten, kRegistering };
   static void SetInitHookForTesting(std::function<void(InitStage)> hook);
 
   // The libfuse hooks (through the session's userdata: fs/server.cc).

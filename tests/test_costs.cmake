@@ -24,6 +24,7 @@ set_tests_properties(UringServerTest.EveryKindOfRequestRoundTripsThroughTheRings
   UringServerTest.TheMountIsReadyOnceEveryRingEntryIsRegistered
   UringServerTest.EntriesThatNeverRegisterDoNotHoldTheMountBack
   UringServerTest.EntriesTheKernelRefusesDoNotHoldTheMountBack
+  UringServerTest.AKnobOffWhileTheKernelReadsTheReplyIsHeeded
   UringServerTest.AKnobTurnedOffAfterTheOfferIsHeeded
   FuseTest.IoUringOptionChoosesTheTransport
   PROPERTIES RESOURCE_LOCK fuse_io_uring_knob)

@@ -1257,6 +1257,29 @@ class UringServerTest : public ServerTest {
     UringTransport::SetRegisterDelayForTesting(delay);
     check_ring_entries_ = false;
   }
+
+  // Mounts with io_uring=auto and `hook` as the transport's INIT hook (it
+  // turns the kernel's knob on or off), writes and reads back a block, and
+  // checks that the mount was ready within kSettleTimeout and that every
+  // request went through /dev/fuse. Returns what the daemon logged.
+  std::string MountThroughDevFuseWith(std::function<void(UringTransport::InitStage)> hook) {
+    uring_mode_ = UringMode::kAuto;  // Mount() must not wait for a ring request
+    check_ring_entries_ = false;
+    UringTransport::SetInitHookForTesting(std::move(hook));
+    ::testing::internal::CaptureStderr();
+    const auto mounted = std::chrono::steady_clock::now();
+    Mount();
+    const auto ready = std::chrono::steady_clock::now();
+    MakeFile("v", kBlockSize);
+    std::vector<char> data = thinfs::testing::Pattern(3, 0, 4096);
+    WriteAt("v", 4096, data);
+    EXPECT_EQ(ReadAt("v", 4096, 4096), data);
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    EXPECT_LT(ready - mounted, UringTransport::kSettleTimeout) << log;
+    EXPECT_FALSE(CurrentFuseTransport().io_uring);
+    EXPECT_EQ(counts_.uring.load(), 0u);
+    return log;
+  }
 };
 
 // Ring threads that register late (a loaded machine): Serve reports the
@@ -1300,63 +1323,61 @@ TEST_F(UringServerTest, EntriesThatNeverRegisterDoNotHoldTheMountBack) {
   EXPECT_EQ(ReadAt("v", 0, 4096), std::vector<char>(4096, 0));
 }
 
-// The kernel's knob turned off between its offer of the rings at INIT and
-// the kernel's reading of our reply asking for them: the connection never
-// takes a ring entry, and every registration fails with EOPNOTSUPP. A test
-// that puts the knob back while another mounts does this (the fresh-clone
-// failure of 2026-12-07: the mount waited kSettleTimeout for entries that
-// could never register, and a test unmounted it first). The mount is
-// ready at once and served through /dev/fuse.
-TEST_F(UringServerTest, EntriesTheKernelRefusesDoNotHoldTheMountBack) {
-  uring_mode_ = UringMode::kAuto;  // Mount() must not wait for a ring request
-  check_ring_entries_ = false;
-  UringTransport::SetInitHookForTesting([](UringTransport::InitStage stage) {
+// The kernel's knob off while the kernel reads our INIT reply asking for
+// the rings: the connection gets no io_uring. A test that puts the knob
+// back while another mounts does this (the fresh-clone failure of
+// 2026-12-07: every registration failed with EOPNOTSUPP, the mount waited
+// kSettleTimeout for entries that could never register, and a test
+// unmounted it first). The daemon sees the knob off once the reply is
+// written and offers no entry: the mount is ready at once, through
+// /dev/fuse.
+TEST_F(UringServerTest, AKnobOffWhileTheKernelReadsTheReplyIsHeeded) {
+  const std::string log = MountThroughDevFuseWith([](UringTransport::InitStage stage) {
     if (stage == UringTransport::InitStage::kReplyAsksForRings) {
       EXPECT_EQ(thinfs::testing::SetFuseIoUring(false), "");
     }
   });
-  ::testing::internal::CaptureStderr();
-  const auto mounted = std::chrono::steady_clock::now();
-  Mount();
-  const auto ready = std::chrono::steady_clock::now();
-  MakeFile("v", kBlockSize);
-  std::vector<char> data = thinfs::testing::Pattern(3, 0, 4096);
-  WriteAt("v", 4096, data);
-  EXPECT_EQ(ReadAt("v", 4096, 4096), data);
-  const std::string log = ::testing::internal::GetCapturedStderr();
-  EXPECT_LT(ready - mounted, UringTransport::kSettleTimeout) << log;
+  EXPECT_NE(log.find("FUSE requests through /dev/fuse (the kernel's knob enable_uring went off "
+                     "while the kernel read our INIT reply)"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("ring entr"), std::string::npos) << log;  // none offered
+}
+
+// The same with the knob back on when the reply is written and off again
+// when the ring threads register (three flips in a mount's first
+// milliseconds): every registration fails with EOPNOTSUPP. The mount does
+// not wait for the entries: it is ready at once, through /dev/fuse.
+TEST_F(UringServerTest, EntriesTheKernelRefusesDoNotHoldTheMountBack) {
+  const std::string log = MountThroughDevFuseWith([](UringTransport::InitStage stage) {
+    if (stage == UringTransport::InitStage::kReplyAsksForRings ||
+        stage == UringTransport::InitStage::kRegistering) {
+      EXPECT_EQ(thinfs::testing::SetFuseIoUring(false), "");
+    } else if (stage == UringTransport::InitStage::kReplyWritten) {
+      EXPECT_EQ(thinfs::testing::SetFuseIoUring(true), "");
+    }
+  });
   // The rings were asked for and refused, every one of them.
   EXPECT_NE(log.find("FUSE over io_uring: the kernel refused a ring entry of this mount: " +
                      std::string(strerror(EOPNOTSUPP))),
             std::string::npos)
       << log;
   EXPECT_NE(log.find(" ring entries; requests go through /dev/fuse"), std::string::npos) << log;
-  EXPECT_FALSE(CurrentFuseTransport().io_uring);
-  EXPECT_EQ(counts_.uring.load(), 0u);
 }
 
 // The knob turned off after the kernel offered the rings and before our
 // reply is built: the reply does not ask for them.
 TEST_F(UringServerTest, AKnobTurnedOffAfterTheOfferIsHeeded) {
-  uring_mode_ = UringMode::kAuto;
-  check_ring_entries_ = false;
-  UringTransport::SetInitHookForTesting([](UringTransport::InitStage stage) {
+  const std::string log = MountThroughDevFuseWith([](UringTransport::InitStage stage) {
     if (stage == UringTransport::InitStage::kInitRead) {
       EXPECT_EQ(thinfs::testing::SetFuseIoUring(false), "");
     }
   });
-  ::testing::internal::CaptureStderr();
-  Mount();
-  MakeFile("v", kBlockSize);
-  EXPECT_EQ(ReadAt("v", 0, 4096), std::vector<char>(4096, 0));
-  const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(log.find("FUSE requests through /dev/fuse (the kernel's knob enable_uring went off "
                      "after its offer)"),
             std::string::npos)
       << log;
   EXPECT_EQ(log.find("ring entr"), std::string::npos) << log;  // none made
-  EXPECT_FALSE(CurrentFuseTransport().io_uring);
-  EXPECT_EQ(counts_.uring.load(), 0u);
 }
 
 // Requests of every shape a ring carries: 1 MiB direct writes and reads
