@@ -259,7 +259,10 @@ ssize_t UringTransport::Writev(int fd, iovec* iov, int count) {
   // The kernel takes io_uring for the connection only if its knob is still
   // on when it reads this reply. If the knob went off since the offer (the
   // test suite turns it on and back off), the rings would be refused:
-  // don't ask. It is looked at again once the reply is written.
+  // don't ask. It is looked at again once the reply is written; this look
+  // is not redundant with that one: without it, the knob off when the
+  // kernel reads the reply and back on for the look after would leave a
+  // connection without io_uring taking entries (the hazard below).
   const bool knob_off = offered_.load() && !UringUnavailableReason().empty();
   if (out.error != 0 || !offered_.load() || !known || knob_off) {
     THINFS_LOG_INFO("FUSE requests through /dev/fuse (%s)",

@@ -1280,6 +1280,19 @@ class UringServerTest : public ServerTest {
     EXPECT_EQ(counts_.uring.load(), 0u);
     return log;
   }
+
+  // MountThroughDevFuseWith the knob turned off at `stage`; checks that the
+  // daemon logged "FUSE requests through /dev/fuse (`why`)" and made no
+  // ring entry.
+  void ExpectNoRingsWithTheKnobOffAt(UringTransport::InitStage stage, const std::string& why) {
+    const std::string log = MountThroughDevFuseWith([stage](UringTransport::InitStage now) {
+      if (now == stage) {
+        EXPECT_EQ(thinfs::testing::SetFuseIoUring(false), "");
+      }
+    });
+    EXPECT_NE(log.find("FUSE requests through /dev/fuse (" + why + ")"), std::string::npos) << log;
+    EXPECT_EQ(log.find("ring entr"), std::string::npos) << log;  // none made
+  }
 };
 
 // Ring threads that register late (a loaded machine): Serve reports the
@@ -1332,16 +1345,9 @@ TEST_F(UringServerTest, EntriesThatNeverRegisterDoNotHoldTheMountBack) {
 // written and offers no entry: the mount is ready at once, through
 // /dev/fuse.
 TEST_F(UringServerTest, AKnobOffWhileTheKernelReadsTheReplyIsHeeded) {
-  const std::string log = MountThroughDevFuseWith([](UringTransport::InitStage stage) {
-    if (stage == UringTransport::InitStage::kReplyAsksForRings) {
-      EXPECT_EQ(thinfs::testing::SetFuseIoUring(false), "");
-    }
-  });
-  EXPECT_NE(log.find("FUSE requests through /dev/fuse (the kernel's knob enable_uring went off "
-                     "while the kernel read our INIT reply)"),
-            std::string::npos)
-      << log;
-  EXPECT_EQ(log.find("ring entr"), std::string::npos) << log;  // none offered
+  ExpectNoRingsWithTheKnobOffAt(
+      UringTransport::InitStage::kReplyAsksForRings,
+      "the kernel's knob enable_uring went off while the kernel read our INIT reply");
 }
 
 // The same with the knob back on when the reply is written and off again
@@ -1368,16 +1374,8 @@ TEST_F(UringServerTest, EntriesTheKernelRefusesDoNotHoldTheMountBack) {
 // The knob turned off after the kernel offered the rings and before our
 // reply is built: the reply does not ask for them.
 TEST_F(UringServerTest, AKnobTurnedOffAfterTheOfferIsHeeded) {
-  const std::string log = MountThroughDevFuseWith([](UringTransport::InitStage stage) {
-    if (stage == UringTransport::InitStage::kInitRead) {
-      EXPECT_EQ(thinfs::testing::SetFuseIoUring(false), "");
-    }
-  });
-  EXPECT_NE(log.find("FUSE requests through /dev/fuse (the kernel's knob enable_uring went off "
-                     "after its offer)"),
-            std::string::npos)
-      << log;
-  EXPECT_EQ(log.find("ring entr"), std::string::npos) << log;  // none made
+  ExpectNoRingsWithTheKnobOffAt(UringTransport::InitStage::kInitRead,
+                                "the kernel's knob enable_uring went off after its offer");
 }
 
 // Requests of every shape a ring carries: 1 MiB direct writes and reads
