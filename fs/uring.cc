@@ -77,6 +77,7 @@ static_assert(sizeof(RingReqHeader) + sizeof(fuse_in_header) + 128 <= kLead);
 
 constexpr uint64_t kEntryTag = 1;
 constexpr uint64_t kStopTag = 2;
+constexpr uint64_t kRetryTag = 3;  // the wait before a refused reply is committed again
 
 // A zeroed 128-byte SQE (the ring is set up with IORING_SETUP_SQE128).
 io_uring_sqe* ZeroedSqe(io_uring* ring) {
@@ -412,6 +413,15 @@ void UringTransport::NoteRefused(int error) {
   SettleIfAllAccountedFor();
 }
 
+void UringTransport::NoteRefusedReply(unsigned qid) {
+  if (reply_refused_logged_.exchange(true)) return;
+  THINFS_LOG_ERROR(
+      "FUSE over io_uring: queue %u: the kernel refused our reply (%s): its knob enable_uring is "
+      "off, and this connection did not take io_uring at INIT. The request waits; its reply is "
+      "committed again every %lld ms until the knob is back on or the mount ends",
+      qid, strerror(EOPNOTSUPP), static_cast<long long>(kCommitRetry.count()));
+}
+
 void UringTransport::SettleIfAllAccountedFor() {
   // Sequentially consistent: whichever of the last change to the three
   // counts comes last sees all of them.
@@ -561,6 +571,11 @@ void UringTransport::Run(Entry* e) {
   int not_ready = 0;
   bool served_one = false;
   bool done = false;
+  // A reply the kernel refused (see below), committed again every
+  // kCommitRetry: how many times so far.
+  uint64_t refused_commits = 0;
+  __kernel_timespec retry_wait{};
+  retry_wait.tv_nsec = std::chrono::nanoseconds(kCommitRetry).count();
   while (!done && entry_live) {
     rc = io_uring_submit_and_wait(&ring, 1);
     if (rc < 0 && rc != -EINTR) {
@@ -575,6 +590,31 @@ void UringTransport::Run(Entry* e) {
       if (tag == kStopTag) {
         done = true;
         continue;
+      }
+      if (tag == kRetryTag) {
+        submit_cmd(kCmdCommitAndFetch, e->commit_id);
+        continue;
+      }
+      if (res == -EOPNOTSUPP && served_one) {
+        // Our reply was refused: the knob is off and the connection has no
+        // io_uring. Linux 6.18 took this entry anyway while the knob was on
+        // (docs/fuse.md, "The knob changing under a mount"). The request
+        // waits for this reply, which is still in the entry, and the kernel
+        // takes it again once the knob is back on: commit it every
+        // kCommitRetry until then, or until the mount ends (the stop, or
+        // ENOTCONN). Giving up would leave the request waiting for good.
+        if (refused_commits++ == 0) NoteRefusedReply(e->qid);
+        io_uring_sqe* wait = ZeroedSqe(&ring);
+        io_uring_prep_timeout(wait, &retry_wait, 0, 0);
+        io_uring_sqe_set_data64(wait, kRetryTag);
+        continue;
+      }
+      if (res >= 0 && refused_commits > 0) {
+        THINFS_LOG_WARNING(
+            "FUSE over io_uring: queue %u: a reply the kernel refused went through after %llu "
+            "tries",
+            e->qid, static_cast<unsigned long long>(refused_commits));
+        refused_commits = 0;
       }
       if (res < 0 && counted) {
         counted = false;

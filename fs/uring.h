@@ -117,6 +117,8 @@ class UringTransport {
   // burst right after `thinfs mount` returns finds every entry in.
   void OnSettled(std::function<void()> ready);
   static constexpr std::chrono::seconds kSettleTimeout{5};
+  // How often a reply the kernel refused is committed again (Run).
+  static constexpr std::chrono::milliseconds kCommitRetry{100};
 
   // Ring threads started after this call wait `delay` before they register
   // their entry, but for each queue's pinned one: the kernel then serves
@@ -176,6 +178,11 @@ class UringTransport {
   // offered (see Run).
   void NoteRefused(int error);
   std::atomic<bool> connection_refused_{false};
+  // Logs, once per mount, that the kernel refused a reply (EOPNOTSUPP
+  // after the entry served a request), which Run commits again every
+  // kCommitRetry.
+  void NoteRefusedReply(unsigned qid);
+  std::atomic<bool> reply_refused_logged_{false};
   // Settles once every entry is either registered or refused.
   void SettleIfAllAccountedFor();
   // Marks the rings settled and calls OnSettled's callback, once.

@@ -26,6 +26,7 @@ set_tests_properties(UringServerTest.EveryKindOfRequestRoundTripsThroughTheRings
   UringServerTest.EntriesTheKernelRefusesDoNotHoldTheMountBack
   UringServerTest.AKnobOffWhileTheKernelReadsTheReplyIsHeeded
   UringServerTest.AKnobTurnedOffAfterTheOfferIsHeeded
+  UringServerTest.ARefusedReplyIsCommittedAgainOnceTheKnobIsBack
   FuseTest.IoUringOptionChoosesTheTransport
   PROPERTIES RESOURCE_LOCK fuse_io_uring_knob)
 
