@@ -286,8 +286,9 @@ ssize_t UringTransport::Writev(int fd, iovec* iov, int count) {
   // reply: then the connection has no io_uring. Linux 6.18 still takes
   // ring entries on such a connection while the knob is on, routes
   // requests to them, and refuses their replies once it is off: the
-  // requests hang. So no entry is offered. (Off and back on within this
-  // write is not caught: Run stops offering at the first refusal.)
+  // requests wait. So no entry is offered. (Off and back on within this
+  // write is not caught: Run stops offering at the first refused entry,
+  // and commits a refused reply again until the knob is back on.)
   if (n >= 0 && !UringUnavailableReason().empty()) {
     THINFS_LOG_INFO(
         "FUSE requests through /dev/fuse (the kernel's knob enable_uring went off while the "
@@ -541,7 +542,8 @@ void UringTransport::Run(Entry* e) {
       // Another entry was refused with EOPNOTSUPP: the connection has no
       // io_uring. Linux 6.18 still takes an entry while the knob is on
       // (it checks the knob or the connection), and replies through such
-      // entries fail once the knob goes off: their requests would hang.
+      // entries are refused once the knob goes off: their requests would
+      // wait until it is back on (the retry below).
       NoteRefused(EOPNOTSUPP);
       return false;
     }
@@ -574,6 +576,7 @@ void UringTransport::Run(Entry* e) {
   // A reply the kernel refused (see below), committed again every
   // kCommitRetry: how many times so far.
   uint64_t refused_commits = 0;
+  static_assert(kCommitRetry < std::chrono::seconds(1), "tv_nsec below holds all of it");
   __kernel_timespec retry_wait{};
   retry_wait.tv_nsec = std::chrono::nanoseconds(kCommitRetry).count();
   while (!done && entry_live) {

@@ -1283,6 +1283,18 @@ class UringServerTest : public ServerTest {
     return log;
   }
 
+  // For an INIT hook: the knob off just before the reply that asks for the
+  // rings is written and back on just after, so that the kernel reads the
+  // reply with the knob off (no io_uring for the connection) and the
+  // daemon's look after the reply finds it on (entries offered).
+  static void KnobOffWhileTheKernelReadsTheReply(UringTransport::InitStage stage) {
+    if (stage == UringTransport::InitStage::kReplyAsksForRings) {
+      EXPECT_EQ(thinfs::testing::SetFuseIoUring(false), "");
+    } else if (stage == UringTransport::InitStage::kReplyWritten) {
+      EXPECT_EQ(thinfs::testing::SetFuseIoUring(true), "");
+    }
+  }
+
   // MountThroughDevFuseWith the knob turned off at `stage`; checks that the
   // daemon logged "FUSE requests through /dev/fuse (`why`)" and made no
   // ring entry.
@@ -1358,11 +1370,9 @@ TEST_F(UringServerTest, AKnobOffWhileTheKernelReadsTheReplyIsHeeded) {
 // not wait for the entries: it is ready at once, through /dev/fuse.
 TEST_F(UringServerTest, EntriesTheKernelRefusesDoNotHoldTheMountBack) {
   const std::string log = MountThroughDevFuseWith([](UringTransport::InitStage stage) {
-    if (stage == UringTransport::InitStage::kReplyAsksForRings ||
-        stage == UringTransport::InitStage::kRegistering) {
+    KnobOffWhileTheKernelReadsTheReply(stage);
+    if (stage == UringTransport::InitStage::kRegistering) {
       EXPECT_EQ(thinfs::testing::SetFuseIoUring(false), "");
-    } else if (stage == UringTransport::InitStage::kReplyWritten) {
-      EXPECT_EQ(thinfs::testing::SetFuseIoUring(true), "");
     }
   });
   // The rings were asked for and refused, every one of them.
@@ -1391,13 +1401,7 @@ TEST_F(UringServerTest, AKnobTurnedOffAfterTheOfferIsHeeded) {
 TEST_F(UringServerTest, ARefusedReplyIsCommittedAgainOnceTheKnobIsBack) {
   uring_mode_ = UringMode::kAuto;
   check_ring_entries_ = false;
-  UringTransport::SetInitHookForTesting([](UringTransport::InitStage stage) {
-    if (stage == UringTransport::InitStage::kReplyAsksForRings) {
-      EXPECT_EQ(thinfs::testing::SetFuseIoUring(false), "");
-    } else if (stage == UringTransport::InitStage::kReplyWritten) {
-      EXPECT_EQ(thinfs::testing::SetFuseIoUring(true), "");
-    }
-  });
+  UringTransport::SetInitHookForTesting(KnobOffWhileTheKernelReadsTheReply);
   ::testing::internal::CaptureStderr();
   Mount();
   MakeFile("v", kBlockSize);
@@ -1417,10 +1421,9 @@ TEST_F(UringServerTest, ARefusedReplyIsCommittedAgainOnceTheKnobIsBack) {
   Fd fd(open(Path("v").c_str(), O_RDONLY | O_DIRECT));
   ASSERT_GE(fd.get(), 0) << strerror(errno);
   ASSERT_EQ(thinfs::testing::SetFuseIoUring(false), "");
-  std::vector<char> back(4096);
-  std::byte* buf = nullptr;
+  char* buf = nullptr;
   ASSERT_EQ(posix_memalign(reinterpret_cast<void**>(&buf), 4096, 4096), 0);
-  std::unique_ptr<std::byte, decltype(&std::free)> owner(buf, &std::free);
+  std::unique_ptr<char, decltype(&std::free)> owner(buf, &std::free);
   auto read = std::async(std::launch::async, [&] { return pread(fd.get(), buf, 4096, 0); });
   const bool waited = read.wait_for(std::chrono::seconds(1)) == std::future_status::timeout;
   // Back on: the next commit goes through.
@@ -1441,8 +1444,7 @@ TEST_F(UringServerTest, ARefusedReplyIsCommittedAgainOnceTheKnobIsBack) {
   const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_TRUE(waited) << "the read did not wait for the knob: " << log;
   ASSERT_EQ(read.get(), 4096) << log;
-  std::memcpy(back.data(), buf, 4096);
-  EXPECT_EQ(back, data);
+  EXPECT_EQ(std::vector<char>(buf, buf + 4096), data);
   EXPECT_GT(counts_.uring.load(), uring_before);
   EXPECT_NE(log.find("the kernel refused our reply (" + std::string(strerror(EOPNOTSUPP)) + ")"),
             std::string::npos)
