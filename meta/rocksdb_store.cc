@@ -1,5 +1,6 @@
 #include "meta/rocksdb_store.h"
 
+#include <pthread.h>
 #include <rocksdb/cache.h>
 #include <rocksdb/convenience.h>
 #include <rocksdb/db.h>
@@ -8,9 +9,9 @@
 #include <rocksdb/options.h>
 #include <rocksdb/slice_transform.h>
 #include <rocksdb/table.h>
+#include <rocksdb/table_properties.h>
 #include <rocksdb/utilities/checkpoint.h>
 #include <rocksdb/write_batch.h>
-#include <pthread.h>
 #include <sched.h>
 #include <xxhash.h>
 
@@ -280,14 +281,20 @@ TunedOptions MakeOptions(const RocksDbOptions& o) {
   auto has = [&](rocksdb::CompressionType c) {
     return std::find(supported.begin(), supported.end(), c) != supported.end();
   };
+  // One compression at every level, LZ4 where the library has it. Every
+  // lookup that misses the block cache decompresses a whole 16 KiB block:
+  // with ZSTD at the bottom level, where a long-lived pool's map lies, that
+  // took 21-28 us a lookup against 10-12 with LZ4, and 4 KiB random reads
+  // through FUSE of a map 7x the block cache ran 22% faster with LZ4, for
+  // 13.6 B per mapping on disk instead of 9.3 (docs/benchmarks.md, lever
+  // 63).
   rocksdb::CompressionType upper = rocksdb::kNoCompression;
   if (has(rocksdb::kLZ4Compression)) {
     upper = rocksdb::kLZ4Compression;
   } else if (has(rocksdb::kSnappyCompression)) {
     upper = rocksdb::kSnappyCompression;
   }
-  rocksdb::CompressionType bottom = upper;
-  if (has(rocksdb::kZSTD)) bottom = rocksdb::kZSTD;
+  const rocksdb::CompressionType bottom = upper;
   t.bottommost_compression = CompressionName(bottom);
 
   std::shared_ptr<rocksdb::Cache> cache = rocksdb::NewLRUCache(o.block_cache_bytes);
@@ -313,13 +320,22 @@ TunedOptions MakeOptions(const RocksDbOptions& o) {
   // serves it, a whole-key filter never would and would double the filter
   // size. 16 KiB blocks keep the index small; keys delta-encode well.
   rocksdb::ColumnFamilyOptions map_cf =
-      base_cf(16 * 1024, rocksdb::NewBloomFilterPolicy(10), /*whole_key=*/false);
+      base_cf(16 * 1024, o.no_map_filter_for_testing ? nullptr : rocksdb::NewBloomFilterPolicy(10),
+              /*whole_key=*/false);
   map_cf.prefix_extractor.reset(rocksdb::NewFixedPrefixTransform(dbformat::kMapPrefixSize));
   // The memtable's prefix Bloom filter: 5% of the 64 MiB write buffer,
   // 3.2 MiB that RocksDB zeroes for every memtable it creates, the first
   // one at open. Only a writer that keeps the store open fills memtables
   // that lookups then seek in; a read-only or one-shot open goes without.
-  if (!o.one_shot && !o.read_only) map_cf.memtable_prefix_bloom_size_ratio = 0.05;
+  for (rocksdb::CompressionType c : {rocksdb::kNoCompression, rocksdb::kSnappyCompression,
+                                     rocksdb::kLZ4Compression, rocksdb::kZSTD}) {
+    if (o.map_bottom_compression_for_testing == CompressionName(c)) {
+      map_cf.bottommost_compression = c;
+    }
+  }
+  if (!o.one_shot && !o.read_only && !o.no_map_memtable_filter_for_testing) {
+    map_cf.memtable_prefix_bloom_size_ratio = 0.05;
+  }
   t.cfs.emplace_back(dbformat::kMapCf, map_cf);
   // GetRefcount mostly asks about unshared blocks, which have no entry: a
   // whole-key filter answers those without reading a data block.
@@ -625,6 +641,32 @@ Status RocksDbStore::CompactForTesting() {
         FromRocks(rep_->db->CompactRange(cro, h, nullptr, nullptr), "compact " + h->GetName()));
   }
   return Status::Ok();
+}
+
+Status RocksDbStore::FlushMapForTesting() {
+  rocksdb::FlushOptions fo;
+  fo.wait = true;
+  return FromRocks(rep_->db->Flush(fo, rep_->map_cf), "flush map");
+}
+
+std::vector<int> RocksDbStore::MapFilesPerLevelForTesting() const {
+  rocksdb::ColumnFamilyMetaData meta;
+  rep_->db->GetColumnFamilyMetaData(rep_->map_cf, &meta);
+  std::vector<int> files;
+  for (const rocksdb::LevelMetaData& level : meta.levels) {
+    files.push_back(static_cast<int>(level.files.size()));
+  }
+  while (!files.empty() && files.back() == 0) files.pop_back();
+  return files;
+}
+
+Result<std::vector<std::string>> RocksDbStore::MapTableCompressionsForTesting() const {
+  rocksdb::TablePropertiesCollection props;
+  THINFS_RETURN_IF_ERROR(
+      FromRocks(rep_->db->GetPropertiesOfAllTables(rep_->map_cf, &props), "table properties"));
+  std::vector<std::string> out;
+  for (const auto& [file, p] : props) out.push_back(p->compression_name);
+  return out;
 }
 
 double RocksDbStore::MapMemtableBloomRatioForTesting() const {

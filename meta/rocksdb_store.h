@@ -43,6 +43,17 @@ struct RocksDbOptions {
   // (3.2 MiB zeroed at open; read-only opens never have it), and threads
   // that open the table files at once (one thread opens them all).
   bool one_shot = false;
+  // Benchmarks only (bench/map_filter_probe.cc, lever 43); the daemon and
+  // the CLI never set them. Without the SST filter the block map's table
+  // files are read as if they had no prefix Bloom filter (and new ones are
+  // written without one); without the memtable filter its memtables have
+  // none (RocksDbOptions::one_shot's saving, on a long-lived open).
+  bool no_map_filter_for_testing = false;
+  bool no_map_memtable_filter_for_testing = false;
+  // Benchmarks only (the same probe): the block map's bottommost level
+  // written with this compression ("LZ4", "ZSTD", "Snappy" or
+  // "NoCompression") instead of the store's choice; empty keeps it.
+  std::string map_bottom_compression_for_testing;
   // A rocksdb::Env* used for all file I/O (FaultInjectionFs::env() in
   // tests); nullptr selects the default Env. Not owned; must outlive the
   // store.
@@ -101,6 +112,14 @@ class RocksDbStore final : public MetadataStore {
 
   // Compacts every column family fully. Returns kIOError on failure.
   Status CompactForTesting();
+  // Writes the block map's memtable to a level-0 table file, waiting.
+  Status FlushMapForTesting();
+  // The block map's table files per LSM level, level 0 first (trailing
+  // empty levels left out).
+  std::vector<int> MapFilesPerLevelForTesting() const;
+  // The compression each of the block map's table files records in its
+  // properties ("LZ4", "ZSTD", "NoCompression", ...), one entry per file.
+  Result<std::vector<std::string>> MapTableCompressionsForTesting() const;
 
   // What RocksDbOptions::one_shot changes, as the open database applies
   // it: the block map's memtable prefix Bloom filter as a share of the
@@ -117,9 +136,10 @@ class RocksDbStore final : public MetadataStore {
   // kExists if it exists, kIOError otherwise.
   Result<std::string> CheckpointTo(const std::string& dir);
 
-  // Name of the compression used for the bottommost level ("ZSTD", "LZ4",
-  // "Snappy" or "NoCompression"), picked from what the RocksDB library was
-  // built with.
+  // Name of the compression used for the bottommost level ("LZ4",
+  // "Snappy" or "NoCompression", as for the other levels), picked from
+  // what the RocksDB library was built with. Table files written by an
+  // older thinfs may hold ZSTD blocks; they are read as they are.
   const std::string& bottommost_compression() const;
 
   // Raw access for corruption tests. `cf` is a column family name from

@@ -204,8 +204,9 @@ int RunRestore(const std::vector<std::string>& args) {
 
 namespace {
 
-// Measured after compaction: 6.7-9.4 B per block-map entry (docs/benchmarks.md).
-constexpr double kCompactedBytesPerBlock = 10;
+// Measured after compaction, LZ4 at every level: 10.7-14.5 B per block-map
+// entry (docs/benchmarks.md, (c) and lever 63).
+constexpr double kCompactedBytesPerBlock = 15;
 // Before compaction, the worst case: each entry (20-byte key, up to 13-byte
 // value) once in the write-ahead log and once in an uncompressed level-0
 // table, each with RocksDB's per-record framing (~15 bytes).
@@ -226,8 +227,8 @@ int RunMetadataSize(const std::vector<std::string>& args) {
                  "block is mapped. Prints the worst case (freshly written, before RocksDB\n"
                  "compacts: every mapping in the write-ahead log and an uncompressed\n"
                  "table, ~96 B per block) and the steady state after compaction (measured\n"
-                 "6.7-9.4 B per block, counted as 10). thin_metadata_size gives ~32.5 B per\n"
-                 "block for dm-thin's preallocated metadata device.");
+                 "10.7-14.5 B per block, counted as 15). thin_metadata_size gives ~32.5 B\n"
+                 "per block for dm-thin's preallocated metadata device.");
   cl.AddOptions()
       ("pool-size,s", po::value<std::string>()->value_name("SIZE"),
        "data area size (required), e.g. 1T")

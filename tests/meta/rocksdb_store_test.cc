@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "meta/fault_injection_env.h"
@@ -120,6 +121,54 @@ TEST_F(RocksDbStoreTest, OneShotOpensSkipTheLongLivedWritersExtras) {
   auto created = RocksDbStore::Create(root_ + "/meta2", sb_, o);
   ASSERT_TRUE(created.ok()) << created.status().ToString();
   EXPECT_EQ((*created)->MapMemtableBloomRatioForTesting(), 0.0) << "created one-shot";
+  Reopen();
+}
+
+// The block map is LZ4 at every level, the bottom one included (lever 63:
+// a lookup that misses the block cache decompresses a whole block). A map
+// whose bottom level an older thinfs wrote in ZSTD reads the same, and its
+// next full compaction writes LZ4.
+TEST_F(RocksDbStoreTest, TheMapIsLz4AtEveryLevelAndOldZstdTablesStillRead) {
+  constexpr uint64_t kBlocks = 20000;
+  MetaBatch b;
+  for (uint64_t i = 0; i < kBlocks; ++i) {
+    b.put_mappings.push_back(
+        MapEntry{VolumeId(1), VolumeBlock(i), 0, MapValue{PoolBlock((i * 7919) % 100003), 0}});
+  }
+  ASSERT_TRUE(store_->Commit(b, true).ok());
+  store_.reset();
+  auto expect_map = [&](RocksDbStore& store, const char* what) {
+    for (uint64_t i = 0; i < kBlocks; i += 997) {
+      auto v = store.FindVersion(VolumeId(1), VolumeBlock(i), 0);
+      ASSERT_TRUE(v.ok()) << what << ": " << v.status().ToString();
+      ASSERT_TRUE(v->has_value()) << what << ": block " << i;
+      EXPECT_EQ((*v)->value.block, PoolBlock((i * 7919) % 100003)) << what;
+    }
+    EXPECT_FALSE(store.FindVersion(VolumeId(1), VolumeBlock(kBlocks), 0)->has_value()) << what;
+  };
+  auto compressions = [](RocksDbStore& store) {
+    auto c = store.MapTableCompressionsForTesting();
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    std::set<std::string> names;
+    if (c.ok()) names.insert(c->begin(), c->end());
+    return names;
+  };
+  {
+    RocksDbOptions old;
+    old.map_bottom_compression_for_testing = "ZSTD";
+    auto s = RocksDbStore::Open(dir_, old);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_TRUE((*s)->CompactForTesting().ok());
+    EXPECT_EQ(compressions(**s), std::set<std::string>{"ZSTD"}) << "written as before lever 63";
+  }
+  auto s = RocksDbStore::Open(dir_, RocksDbOptions());
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ((*s)->bottommost_compression(), "LZ4");
+  expect_map(**s, "ZSTD tables");
+  ASSERT_TRUE((*s)->CompactForTesting().ok());
+  EXPECT_EQ(compressions(**s), std::set<std::string>{"LZ4"}) << "compacted again";
+  expect_map(**s, "LZ4 tables");
+  s->reset();
   Reopen();
 }
 
