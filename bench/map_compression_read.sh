@@ -6,7 +6,7 @@
 # (LZ4) and ZSTD, the choice before lever 63 (docs/benchmarks.md).
 #
 #   bench/map_compression_read.sh [--rounds N] [--blocks N] [--runtime S]
-#                                 [--dir DIR] BINARY [OPTIONS]
+#                                 [--dir DIR] [--alt PROBE_ARGS] BINARY [OPTIONS]
 #
 # Writes bench/thin_xml_gen.py --blocks N (default 4000000: two devices of
 # N mapped 64 KiB blocks, half of device 2's shared with device 1) and
@@ -14,31 +14,34 @@
 # written: the reads read holes, so what they cost is FUSE and the block
 # map). Copies the pool, then compacts each copy's metadata offline with
 # BINARY's build of bench/map_filter_probe --compact-store: the first with
-# the store's own bottom-level compression, the second with ZSTD. Mounts
+# the store's own bottom-level compression, the second with ZSTD (or with
+# the --compact-store options in PROBE_ARGS instead, e.g. "--block-size
+# 4096"); the rounds call it "other". Mounts
 # both with BINARY (-o OPTIONS; "-" for none) and runs, for N rounds
 # (default 6), alternating which goes first, fio --rw=randread --bs=4k
 # --ioengine=psync over the whole of device 1's file for S seconds
 # (default 10). Prints each round's IOPS, then each copy's median
-# (min-max) and Student's t of the first against the ZSTD copy (95%, as
+# (min-max) and Student's t of the first against the other (95%, as
 # ministat computes it). Unmounts and removes DIR (default
 # /var/tmp/map_compression_read) on any exit. Needs root (FUSE) and fio
 # (exit 77 without them; 1 under CI).
 set -euo pipefail
 # shellcheck source=bench/benchlib.sh
 source "$(dirname "$0")/benchlib.sh"
-rounds=6 blocks=4000000 runtime=10 dir=/var/tmp/map_compression_read
+rounds=6 blocks=4000000 runtime=10 dir=/var/tmp/map_compression_read alt=
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --rounds) rounds=$2; shift 2 ;;
     --blocks) blocks=$2; shift 2 ;;
     --runtime) runtime=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
-    -h | --help) header_usage 25; exit 0 ;;
+    --alt) alt=$2; shift 2 ;;
+    -h | --help) header_usage 27; exit 0 ;;
     *) break ;;
   esac
 done
 if [[ $# -lt 1 ]]; then
-  header_usage 25
+  header_usage 27
   exit 2
 fi
 require_root_and_fio map_compression_read
@@ -62,13 +65,18 @@ python3 "$here/thin_xml_gen.py" --blocks "$blocks" >"$dir/pool.xml"
 truncate -s $((64 * 1024 * nr_data)) "$dir/data_store"
 "$bin" restore "$dir/pool_store" --from "$dir/pool.xml" --data "$dir/data_store" >/dev/null
 rm "$dir/pool.xml"
-cp -a "$dir/pool_store" "$dir/pool_zstd"
-rm "$dir/pool_zstd/data"
-truncate -s $((64 * 1024 * nr_data)) "$dir/pool_zstd/data"
+cp -a "$dir/pool_store" "$dir/pool_other"
+rm "$dir/pool_other/data"
+truncate -s $((64 * 1024 * nr_data)) "$dir/pool_other/data"
 "$probe" --compact-store "$dir/pool_store/meta"
-"$probe" --compact-store "$dir/pool_zstd/meta" --bottom ZSTD
+if [[ -n $alt ]]; then
+  # shellcheck disable=SC2086 # PROBE_ARGS are words
+  "$probe" --compact-store "$dir/pool_other/meta" $alt
+else
+  "$probe" --compact-store "$dir/pool_other/meta" --bottom ZSTD
+fi
 
-names=(zstd store)
+names=(other store)
 for n in "${names[@]}"; do
   mkdir "$dir/m_$n"
   "$bin" mount "$dir/pool_$n" "$dir/m_$n" ${opts:+-o "$opts"}
@@ -79,7 +87,7 @@ results=$dir/results
 : >"$results"
 for ((r = 1; r <= rounds; r++)); do
   order=("${names[@]}")
-  ((r % 2 == 0)) && order=(store zstd)
+  ((r % 2 == 0)) && order=(store other)
   for n in "${order[@]}"; do
     iops=$(fio --name=r --filename="$dir/m_$n/$file" --rw=randread --bs=4k --ioengine=psync \
       --time_based --runtime="$runtime" --norandommap --randrepeat=0 --output-format=json |
@@ -87,7 +95,7 @@ for ((r = 1; r <= rounds; r++)); do
     echo "$r $n $iops" | tee -a "$results"
   done
 done
-python3 - "$results" "$here" <<'EOF'
+python3 - "$results" "$here" "$alt" <<'EOF'
 import sys
 sys.path.insert(0, sys.argv[2])
 sys.dont_write_bytecode = True
@@ -101,7 +109,8 @@ for name, v in samples.items():
     n = len(v)
     med = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
     print(f"{name}: median {med:.0f} IOPS ({v[0]:.0f}-{v[-1]:.0f}), {n} rounds")
-m = ministat(samples["zstd"], samples["store"])
+m = ministat(samples["other"], samples["store"])
 verdict = "proven" if m["proven"] else "no difference proven"
-print(f"the store's compression against ZSTD: {m['pct']:+.1f}% ± {m['pct_ci']:.1f}%, {verdict}")
+other = sys.argv[3] or "ZSTD"
+print(f"the store's against {other}: {m['pct']:+.1f}% ± {m['pct_ci']:.1f}%, {verdict}")
 EOF

@@ -28,11 +28,11 @@
 //   empty    a device that has no records, whose keys sort between the
 //            snapshots' (every lookup misses, as a sparse volume's holes).
 //
-// Both stores are also built twice more, their bottom level written with
-// ZSTD (the store's choice before lever 63) and with no compression, and
-// opened as the daemon opens them: what a lookup that misses the block
-// cache pays to decompress a 16 KiB block, against the map's size on disk
-// (docs/benchmarks.md, lever 63).
+// Both stores are also built three times more, their bottom level written
+// with ZSTD (the store's choice before lever 63), with no compression, and
+// in 4 KiB blocks instead of 16 KiB, and opened as the daemon opens them:
+// what a lookup that misses the block cache pays to read and decompress a
+// block, against the map's size on disk (docs/benchmarks.md, lever 63).
 //
 // Variants are interleaved round by round (their order rotates) and each
 // figure is the median lookups/s of the rounds with min-max, with
@@ -40,11 +40,12 @@
 //
 //   map_filter_probe --dir DIR [--blocks N] [--snapshots K] [--rounds R]
 //                    [--lookups L] [--block-cache SIZE] [--quick]
-//   map_filter_probe --compact-store META_DIR [--bottom NAME]
+//   map_filter_probe --compact-store META_DIR [--bottom NAME] [--block-size BYTES]
 //
 // The second form compacts an unmounted pool's metadata store (POOL/meta)
 // fully, its block map's bottom level written with NAME ("LZ4", "ZSTD",
-// "Snappy", "NoCompression"; default the store's own choice): how a
+// "Snappy", "NoCompression"; default the store's own choice) and its
+// table files in blocks of BYTES (default 16 KiB): how a
 // long-lived pool's map looks after RocksDB's compactions, for the same
 // comparison through FUSE (bench/map_compression_read.sh).
 //
@@ -143,12 +144,13 @@ constexpr int kPhases = 4;
 // (each flushed, or all compacted with `compact_all`). Phase 3 is what
 // each open writes into its memtable.
 void BuildTemplate(const Config& c, const std::string& dir, bool compact_all,
-                   const std::string& bottom) {
+                   const std::string& bottom, size_t block_size) {
   Superblock sb;
   sb.data_blocks = c.blocks * 2;
   meta::RocksDbOptions o;
   o.block_cache_bytes = c.block_cache;
   o.map_bottom_compression_for_testing = bottom;
+  o.map_block_size_for_testing = block_size;
   auto store = Must(meta::RocksDbStore::Create(dir, sb, o), "create " + dir);
   std::vector<MapEntry> origin(c.blocks);
   std::mt19937_64 rng(7);
@@ -199,7 +201,8 @@ std::string Shape(const std::vector<int>& files) {
 struct Layout {
   std::string key;
   bool compact_all;
-  std::string bottom;  // empty: the store's own choice
+  std::string bottom;     // empty: the store's own choice
+  size_t block_size = 0;  // 0: the store's own (16 KiB)
 };
 struct Variant {
   std::string key;
@@ -231,12 +234,14 @@ void MeasureOnce(const Config& c, const Layout& layout, const Variant& v, Sample
   o.no_map_filter_for_testing = !v.sst_filter;
   o.no_map_memtable_filter_for_testing = !v.memtable_filter;
   o.map_bottom_compression_for_testing = layout.bottom;
+  o.map_block_size_for_testing = layout.block_size;
   {
     auto store = Must(meta::RocksDbStore::Open(work, o), "open");
     LayoutFacts& f = (*facts)[layout.key];
     f.map_bytes = Must(store->MapBytesOnDisk(/*compact=*/false), "map bytes");
     f.bottom =
         layout.bottom.empty() ? store->bottommost_compression() + " (the store's)" : layout.bottom;
+    f.bottom += layout.block_size == 0 ? ", 16 KiB blocks" : ", 4 KiB blocks";
     CommitAll(*store, PhaseRecords(c, kPhases - 1, kPhases));
     f.shape = Shape(store->MapFilesPerLevelForTesting()) + ", and a memtable";
     std::mt19937_64 rng(42);
@@ -328,6 +333,7 @@ int Main(int argc, char** argv) {
   Config c;
   std::string compact_store;
   std::string bottom;
+  size_t block_size = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -355,6 +361,8 @@ int Main(int argc, char** argv) {
       if (bottom != "LZ4" && bottom != "ZSTD" && bottom != "Snappy" && bottom != "NoCompression") {
         Die("--bottom: LZ4, ZSTD, Snappy or NoCompression");
       }
+    } else if (a == "--block-size") {
+      block_size = ParseCount(next());
     } else if (a == "--quick") {
       c.blocks = 20000;
       c.snapshots = 4;
@@ -365,12 +373,14 @@ int Main(int argc, char** argv) {
           "usage: map_filter_probe --dir DIR [--blocks N] [--snapshots K] [--rounds R]\n"
           "                        [--lookups L] [--block-cache SIZE] [--quick]\n"
           "       map_filter_probe --compact-store META_DIR [--bottom NAME]\n"
+          "                        [--block-size BYTES]\n"
           "The block map's prefix Bloom filters (SST and memtable) against none, on a\n"
           "store with level-0 files over a compacted origin and on a compacted one\n"
           "(docs/benchmarks.md, lever 43). Defaults: 4194304 blocks, 8 snapshots,\n"
           "6 rounds, 200000 lookups, a 16M block cache. --compact-store compacts an\n"
           "unmounted pool's POOL/meta fully, the block map's bottom level in NAME (LZ4,\n"
-          "ZSTD, Snappy, NoCompression; default the store's choice).\n");
+          "ZSTD, Snappy, NoCompression; default the store's choice), in blocks of BYTES\n"
+          "(default 16384).\n");
       return 0;
     } else {
       Die("unknown argument " + a + " (see --help)");
@@ -379,13 +389,15 @@ int Main(int argc, char** argv) {
   if (!compact_store.empty()) {
     meta::RocksDbOptions o;
     o.map_bottom_compression_for_testing = bottom;
+    o.map_block_size_for_testing = block_size;
     auto store = Must(meta::RocksDbStore::Open(compact_store, o), "open " + compact_store);
     Must(store->CompactForTesting(), "compact");
     const std::vector<int> files = store->MapFilesPerLevelForTesting();
-    std::printf("%s: the block map in %s, %llu bytes, bottom level %s\n", compact_store.c_str(),
-                Shape(files).c_str(),
+    std::printf("%s: the block map in %s, %llu bytes, bottom level %s, %zu-byte blocks\n",
+                compact_store.c_str(), Shape(files).c_str(),
                 static_cast<unsigned long long>(Must(store->MapBytesOnDisk(false), "map bytes")),
-                bottom.empty() ? store->bottommost_compression().c_str() : bottom.c_str());
+                bottom.empty() ? store->bottommost_compression().c_str() : bottom.c_str(),
+                block_size == 0 ? size_t{16384} : block_size);
     return 0;
   }
   if (c.dir.empty()) Die("--dir is required");
@@ -399,17 +411,20 @@ int Main(int argc, char** argv) {
                                        {"l0_zstd", false, "ZSTD"},
                                        {"compacted_zstd", true, "ZSTD"},
                                        {"l0_none", false, "NoCompression"},
-                                       {"compacted_none", true, "NoCompression"}};
+                                       {"compacted_none", true, "NoCompression"},
+                                       {"l0_4k", false, "", 4096},
+                                       {"compacted_4k", true, "", 4096}};
   std::vector<std::pair<const Layout*, const Variant*>> units;
   for (const Layout& l : layouts) {
     for (const Variant& v : kVariants) {
-      if (l.bottom.empty() || v.key == "both") units.emplace_back(&l, &v);
+      const bool own = l.bottom.empty() && l.block_size == 0;
+      if (own || v.key == "both") units.emplace_back(&l, &v);
     }
   }
   for (const Layout& l : layouts) {
     std::fprintf(stderr, "building the %s store: %llu blocks, %d snapshots...\n", l.key.c_str(),
                  static_cast<unsigned long long>(c.blocks), c.snapshots);
-    BuildTemplate(c, c.dir + "/template_" + l.key, l.compact_all, l.bottom);
+    BuildTemplate(c, c.dir + "/template_" + l.key, l.compact_all, l.bottom, l.block_size);
   }
   Samples samples;
   std::map<std::string, LayoutFacts> facts;
@@ -443,11 +458,12 @@ int Main(int argc, char** argv) {
     }
   }
   std::printf(
-      "\nThe bottom level's compression, both filters:\n\n| store | bottom level | map "
+      "\nThe bottom level's compression and block size, both filters:\n\n| store | bottom level | "
+      "map "
       "bytes on disk (per origin block) | origin | snapshot | empty | origin vs the "
       "store's |\n|---|---|---:|---:|---:|---:|---|\n");
   for (const std::string shape : {"l0", "compacted"}) {
-    for (const std::string sfx : {"", "_zstd", "_none"}) {
+    for (const std::string sfx : {"", "_zstd", "_none", "_4k"}) {
       const std::string key = shape + sfx;
       const LayoutFacts& f = facts[key];
       std::printf(

@@ -285,7 +285,7 @@ TunedOptions MakeOptions(const RocksDbOptions& o) {
   // lookup that misses the block cache decompresses a whole 16 KiB block:
   // with ZSTD at the bottom level, where a long-lived pool's map lies, that
   // took 21-28 us a lookup against 10-12 with LZ4, and 4 KiB random reads
-  // through FUSE of a map 7x the block cache ran 22% faster with LZ4, for
+  // through FUSE of a map 12x the block cache ran 22% faster with LZ4, for
   // 13.6 B per mapping on disk instead of 9.3 (docs/benchmarks.md, lever
   // 63).
   rocksdb::CompressionType upper = rocksdb::kNoCompression;
@@ -320,7 +320,8 @@ TunedOptions MakeOptions(const RocksDbOptions& o) {
   // serves it, a whole-key filter never would and would double the filter
   // size. 16 KiB blocks keep the index small; keys delta-encode well.
   rocksdb::ColumnFamilyOptions map_cf =
-      base_cf(16 * 1024, o.no_map_filter_for_testing ? nullptr : rocksdb::NewBloomFilterPolicy(10),
+      base_cf(o.map_block_size_for_testing != 0 ? o.map_block_size_for_testing : 16 * 1024,
+              o.no_map_filter_for_testing ? nullptr : rocksdb::NewBloomFilterPolicy(10),
               /*whole_key=*/false);
   map_cf.prefix_extractor.reset(rocksdb::NewFixedPrefixTransform(dbformat::kMapPrefixSize));
   // The memtable's prefix Bloom filter: 5% of the 64 MiB write buffer,

@@ -54,6 +54,9 @@ struct RocksDbOptions {
   // written with this compression ("LZ4", "ZSTD", "Snappy" or
   // "NoCompression") instead of the store's choice; empty keeps it.
   std::string map_bottom_compression_for_testing;
+  // Benchmarks only (the same probe): the block map's table files written
+  // in blocks of this many bytes instead of 16 KiB; 0 keeps it.
+  size_t map_block_size_for_testing = 0;
   // A rocksdb::Env* used for all file I/O (FaultInjectionFs::env() in
   // tests); nullptr selects the default Env. Not owned; must outlive the
   // store.
