@@ -65,6 +65,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench/bench_stats.h"
 #include "core/folio_census.h"
 #include "core/pool.h"
 #include "core/size.h"
@@ -120,27 +121,6 @@ std::string SizeName(uint64_t bytes) {
 }
 
 // ---- Statistics -------------------------------------------------------------
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return NAN;
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-double Min(const std::vector<double>& v) {
-  return v.empty() ? NAN : *std::min_element(v.begin(), v.end());
-}
-double Max(const std::vector<double>& v) {
-  return v.empty() ? NAN : *std::max_element(v.begin(), v.end());
-}
-
-// "median (min–max)" with `prec` decimals.
-std::string Cell(const std::vector<double>& v, int prec) {
-  if (v.empty()) return "n/a";
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "%.*f (%.*f–%.*f)", prec, Median(v), prec, Min(v), prec, Max(v));
-  return buf;
-}
 
 // Per-round ratios a[i] / b[i].
 std::vector<double> Ratios(const std::vector<double>& a, const std::vector<double>& b) {

@@ -99,16 +99,13 @@ python3 - "$results" "$here" "$alt" <<'EOF'
 import sys
 sys.path.insert(0, sys.argv[2])
 sys.dont_write_bytecode = True
-from fio_report import ministat
+from fio_report import med_cell, ministat
 samples = {}
 for line in open(sys.argv[1]):
     _, name, iops = line.split()
     samples.setdefault(name, []).append(float(iops))
 for name, v in samples.items():
-    v.sort()
-    n = len(v)
-    med = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
-    print(f"{name}: median {med:.0f} IOPS ({v[0]:.0f}-{v[-1]:.0f}), {n} rounds")
+    print(f"{name}: median {med_cell(v)} IOPS, {len(v)} rounds")
 m = ministat(samples["other"], samples["store"])
 verdict = "proven" if m["proven"] else "no difference proven"
 other = sys.argv[3] or "ZSTD"

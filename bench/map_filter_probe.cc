@@ -67,6 +67,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench/bench_stats.h"
 #include "core/metadata.h"
 #include "core/size.h"
 #include "meta/rocksdb_store.h"
@@ -274,52 +275,10 @@ void MeasureOnce(const Config& c, const Layout& layout, const Variant& v, Sample
   fs::remove_all(work);
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-// Two-sided Student's t critical value at 95% for `df` degrees of freedom.
-double T95(int df) {
-  static const double kT[] = {0,     12.706, 4.303, 3.182, 2.776, 2.571, 2.447,
-                              2.365, 2.306,  2.262, 2.228, 2.201, 2.179, 2.160,
-                              2.145, 2.131,  2.120, 2.110, 2.101, 2.093, 2.086};
-  return df < 21 ? kT[df] : 1.96 + 2.4 / df;
-}
-
-// "+x% ± y%, proven" as ministat words it: b against a, pooled variance.
-std::string Compare(const std::vector<double>& a, const std::vector<double>& b) {
-  auto mean = [](const std::vector<double>& v) {
-    double s = 0;
-    for (double x : v) s += x;
-    return s / static_cast<double>(v.size());
-  };
-  auto var = [&](const std::vector<double>& v) {
-    const double m = mean(v);
-    double s = 0;
-    for (double x : v) s += (x - m) * (x - m);
-    return s / static_cast<double>(v.size() - 1);
-  };
-  if (a.size() < 2 || b.size() < 2) return "n/a";
-  const double na = static_cast<double>(a.size());
-  const double nb = static_cast<double>(b.size());
-  const int df = static_cast<int>(a.size() + b.size() - 2);
-  const double sp = std::sqrt(((na - 1) * var(a) + (nb - 1) * var(b)) / df);
-  const double half = T95(df) * sp * std::sqrt(1 / na + 1 / nb);
-  const double diff = mean(b) - mean(a);
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "%+.1f%% ± %.1f%%, %s", 100 * diff / mean(a), 100 * half / mean(a),
-                std::fabs(diff) > half ? "proven" : "not proven");
-  return buf;
-}
-
-std::string Cell(const std::vector<double>& v) {
+// A cell of the tables: every one must have its samples.
+std::string FullCell(const std::vector<double>& v) {
   if (v.empty()) Die("an empty cell");
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "%.0f (%.0f–%.0f)", Median(v),
-                *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end()));
-  return buf;
+  return Cell(v, 0);
 }
 
 uint64_t ParseCount(const std::string& s) {
@@ -452,9 +411,9 @@ int Main(int argc, char** argv) {
       const auto& no_sst = samples[base + "no_sst." + kind];
       const auto& no_mem = samples[base + "no_memtable." + kind];
       std::printf("| %s (%s) | %s | %s | %s | %s | %s | %s |\n", layout.c_str(),
-                  facts[layout].shape.c_str(), kind.c_str(), Cell(both).c_str(),
-                  Cell(no_sst).c_str(), Cell(no_mem).c_str(), Compare(both, no_sst).c_str(),
-                  Compare(both, no_mem).c_str());
+                  facts[layout].shape.c_str(), kind.c_str(), FullCell(both).c_str(),
+                  FullCell(no_sst).c_str(), FullCell(no_mem).c_str(),
+                  Ministat(both, no_sst).c_str(), Ministat(both, no_mem).c_str());
     }
   }
   std::printf(
@@ -470,11 +429,12 @@ int Main(int argc, char** argv) {
           "| %s | %s | %llu (%.1f B) | %s | %s | %s | %s |\n", shape.c_str(), f.bottom.c_str(),
           static_cast<unsigned long long>(f.map_bytes),
           static_cast<double>(f.map_bytes) / static_cast<double>(c.blocks),
-          Cell(samples[key + ".both.origin"]).c_str(),
-          Cell(samples[key + ".both.snapshot"]).c_str(), Cell(samples[key + ".both.empty"]).c_str(),
+          FullCell(samples[key + ".both.origin"]).c_str(),
+          FullCell(samples[key + ".both.snapshot"]).c_str(),
+          FullCell(samples[key + ".both.empty"]).c_str(),
           sfx[0] == 0
               ? ""
-              : Compare(samples[shape + ".both.origin"], samples[key + ".both.origin"]).c_str());
+              : Ministat(samples[shape + ".both.origin"], samples[key + ".both.origin"]).c_str());
     }
   }
   fs::remove_all(c.dir);

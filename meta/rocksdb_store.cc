@@ -285,17 +285,17 @@ TunedOptions MakeOptions(const RocksDbOptions& o) {
   // lookup that misses the block cache decompresses a whole 16 KiB block:
   // with ZSTD at the bottom level, where a long-lived pool's map lies, that
   // took 21-28 us a lookup against 10-12 with LZ4, and 4 KiB random reads
-  // through FUSE of a map 12x the block cache ran 22% faster with LZ4, for
+  // through FUSE of a map 12x the block cache ran 22-27% faster with LZ4, for
   // 13.6 B per mapping on disk instead of 9.3 (docs/benchmarks.md, lever
   // 63).
-  rocksdb::CompressionType upper = rocksdb::kNoCompression;
+  rocksdb::CompressionType compression = rocksdb::kNoCompression;
   if (has(rocksdb::kLZ4Compression)) {
-    upper = rocksdb::kLZ4Compression;
+    compression = rocksdb::kLZ4Compression;
   } else if (has(rocksdb::kSnappyCompression)) {
-    upper = rocksdb::kSnappyCompression;
+    compression = rocksdb::kSnappyCompression;
   }
-  const rocksdb::CompressionType bottom = upper;
-  t.bottommost_compression = CompressionName(bottom);
+  // RocksDB compresses the bottom level like the others unless told.
+  t.bottommost_compression = CompressionName(compression);
 
   std::shared_ptr<rocksdb::Cache> cache = rocksdb::NewLRUCache(o.block_cache_bytes);
   auto base_cf = [&](size_t block_size, const rocksdb::FilterPolicy* filter,
@@ -308,8 +308,7 @@ TunedOptions MakeOptions(const RocksDbOptions& o) {
     if (filter != nullptr) table.filter_policy.reset(filter);
     rocksdb::ColumnFamilyOptions cf;
     cf.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
-    cf.compression = upper;
-    cf.bottommost_compression = bottom;
+    cf.compression = compression;
     return cf;
   };
 
